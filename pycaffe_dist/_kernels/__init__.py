@@ -1,0 +1,1 @@
+"""Compiled Cython kernels (built from csrc/*.pyx by setup.py)."""

@@ -1,0 +1,110 @@
+"""The Layer contract, after Caffe's include/caffe/layer.hpp.
+
+A layer is built from its LayerParameter, then `setup(bottom, top)` checks the blob counts, runs
+`layer_setup` (read parameters, create `self.blobs`) and `reshape` (set top shapes from bottom shapes).
+`forward(bottom, top)` and `backward(top, propagate_down, bottom)` compute; they call backend kernels and do not
+know which backend runs them. `flops(bottom, top)` counts the forward pass's floating-point operations
+(a multiply-add is 2), for net-info.
+"""
+from ..errors import NetError
+from .. import common
+from ..net.blob import Blob
+from ..net.filler import fill
+
+
+class Layer:
+    type = None                  # Caffe's type string; set by @register
+    exact_num_bottom = None      # Caffe's ExactNumBottomBlobs / MinBottomBlobs / MaxBottomBlobs ...
+    min_bottom = None
+    max_bottom = None
+    exact_num_top = None
+    min_top = None
+    max_top = None
+    equal_num_bottom_top = False
+    auto_top_blobs = False       # Caffe's AutoTopBlobs: the net adds anonymous tops up to the minimum
+    is_loss = False              # loss layers weigh their first top 1 unless loss_weight says otherwise
+    has_backward = True          # False where Caffe's Backward is NOT_IMPLEMENTED or a no-op (data, accuracy, ...)
+
+    def __init__(self, param, phase=None):
+        self.param = param
+        self.name = param.name
+        self.phase = param.phase if phase is None else phase
+        # Blobs stored in the LayerParameter (deploy nets with embedded weights) come first, as in Caffe's
+        # Layer constructor; layer_setup then skips its fillers ("Skipping parameter initialization").
+        self.blobs = [Blob.from_proto_new(b, what="layer '%s' blob %d" % (self.name, i))
+                      for i, b in enumerate(param.blobs)]
+        self.param_propagate_down = []
+        self.loss_weights = []
+
+    # --- helpers for subclasses -----------------------------------------------------------------------
+
+    def error(self, message):
+        return NetError("layer '%s' (%s): %s" % (self.name, self.param.type, message))
+
+    def check(self, condition, message):
+        if not condition:
+            raise self.error(message)
+
+    def make_param(self, shape, filler=None):
+        """A new learnable blob of `shape`, filled by `filler` (a FillerParameter) if given."""
+        blob = Blob(shape)
+        if filler is not None:
+            fill(filler, blob)
+        return blob
+
+    # --- the contract ---------------------------------------------------------------------------------
+
+    def setup(self, bottom, top):
+        self.check_blob_counts(bottom, top)
+        self.layer_setup(bottom, top)
+        self.param_propagate_down = [True] * len(self.blobs)
+        self.reshape(bottom, top)
+        self.set_loss_weights(top)
+
+    def check_blob_counts(self, bottom, top):
+        def bound(n, exact, lo, hi, what):
+            if exact is not None and n != exact:
+                raise self.error("takes exactly %d %s blob(s), got %d" % (exact, what, n))
+            if lo is not None and n < lo:
+                raise self.error("takes at least %d %s blob(s), got %d" % (lo, what, n))
+            if hi is not None and n > hi:
+                raise self.error("takes at most %d %s blob(s), got %d" % (hi, what, n))
+        bound(len(bottom), self.exact_num_bottom, self.min_bottom, self.max_bottom, "bottom")
+        bound(len(top), self.exact_num_top, self.min_top, self.max_top, "top")
+        if self.equal_num_bottom_top and len(bottom) != len(top):
+            raise self.error("needs as many tops as bottoms, got %d bottoms and %d tops" % (len(bottom), len(top)))
+
+    def set_loss_weights(self, top):
+        """Caffe's Layer::SetLossWeights: one weight per top, defaulting to 1 on top 0 of loss layers."""
+        weights = list(self.param.loss_weight)
+        if weights and len(weights) != len(top):
+            raise self.error("loss_weight must be unspecified or given once per top (%d tops, %d weights)"
+                             % (len(top), len(weights)))
+        if not weights:
+            weights = [1.0 if (self.is_loss and i == 0) else 0.0 for i in range(len(top))]
+        self.loss_weights = weights
+        for w, blob in zip(weights, top):
+            if w:
+                blob.diff[...] = w   # Caffe stores the loss weight in the top's diff
+
+    def layer_setup(self, bottom, top):
+        """Read parameters and create self.blobs (unless they came with the LayerParameter)."""
+
+    def reshape(self, bottom, top):
+        raise NotImplementedError("%s.reshape" % type(self).__name__)
+
+    def forward(self, bottom, top):
+        raise self.error("forward is not implemented for this layer type yet")
+
+    def backward(self, top, propagate_down, bottom):
+        raise self.error("backward is not implemented for this layer type yet")
+
+    def allow_force_backward(self, bottom_index):
+        return True
+
+    def flops(self, bottom, top):
+        return 0
+
+    @property
+    def rng(self):
+        return common.rng()

@@ -1,0 +1,1 @@
+"""Convolution, Deconvolution and Im2col (im2col/col2im kernels in csrc/im2col.pyx)."""

@@ -1,0 +1,1 @@
+"""InnerProduct and Embed."""

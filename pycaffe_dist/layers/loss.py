@@ -1,0 +1,1 @@
+"""Loss layers and Accuracy."""

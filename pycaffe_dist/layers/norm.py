@@ -1,0 +1,1 @@
+"""LRN, MVN and BatchNorm."""

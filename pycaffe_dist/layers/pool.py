@@ -1,0 +1,1 @@
+"""Pooling and SPP."""

@@ -1,0 +1,160 @@
+"""Blob: an N-d float32 array with its gradient, as Caffe's Blob (include/caffe/blob.hpp).
+
+Memory is allocated on first access of `data` or `diff`, so building a net to infer shapes (net-info, upgrade
+checks) costs no memory. Like Caffe's SyncedMemory, fresh memory is zero; a reshape that keeps the element count
+keeps the values.
+"""
+import numpy as np
+
+from ..errors import NetError
+from ..proto import caffe_pb2
+
+MAX_BLOB_AXES = 32  # Caffe's kMaxBlobAxes
+
+
+def canonical_axis(axis, num_axes, what="axis"):
+    """Caffe's Blob::CanonicalAxisIndex: negative axes count from the end; out of range is an error."""
+    if not -num_axes <= axis < num_axes:
+        raise NetError("%s %d out of range for a blob with %d axes" % (what, axis, num_axes))
+    return axis + num_axes if axis < 0 else axis
+
+
+def count(shape, start=0, end=None):
+    """Product of shape[start:end], 1 for an empty range (Caffe's Blob::count(start, end))."""
+    n = 1
+    for d in shape[start:end]:
+        n *= int(d)
+    return n
+
+
+class Blob:
+    __slots__ = ("_shape", "_data", "_diff")
+
+    def __init__(self, shape=()):
+        self._shape = ()
+        self._data = self._diff = None
+        self.reshape(shape)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > MAX_BLOB_AXES:
+            raise NetError("blob shape %s has more than %d axes" % (shape, MAX_BLOB_AXES))
+        if any(d < 0 for d in shape):
+            raise NetError("blob shape %s has a negative dimension" % (shape,))
+        if shape == self._shape:
+            return
+        keep = count(shape) == count(self._shape)
+        self._shape = shape
+        self._data = self._data.reshape(shape) if keep and self._data is not None else None
+        self._diff = self._diff.reshape(shape) if keep and self._diff is not None else None
+
+    @property
+    def shape(self):
+        return self._shape
+
+    @property
+    def count(self):
+        return count(self._shape)
+
+    def shape_at(self, axis):
+        return self._shape[canonical_axis(axis, len(self._shape))]
+
+    def count_range(self, start, end=None):
+        return count(self._shape, start, end)
+
+    def _legacy(self, index):
+        """Caffe's LegacyShape: num/channels/height/width of a blob of at most 4 axes (missing axes are 1)."""
+        if len(self._shape) > 4:
+            raise NetError("legacy accessors (num/channels/height/width) need a blob of at most 4 axes")
+        if index >= len(self._shape) or index < -len(self._shape):
+            return 1
+        return self._shape[index]
+
+    num = property(lambda self: self._legacy(0))
+    channels = property(lambda self: self._legacy(1))
+    height = property(lambda self: self._legacy(2))
+    width = property(lambda self: self._legacy(3))
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = np.zeros(self._shape, dtype=np.float32)
+        return self._data
+
+    @data.setter
+    def data(self, value):
+        self.data[...] = value
+
+    @property
+    def diff(self):
+        if self._diff is None:
+            self._diff = np.zeros(self._shape, dtype=np.float32)
+        return self._diff
+
+    @diff.setter
+    def diff(self, value):
+        self.diff[...] = value
+
+    def share_data(self, other):
+        """Use other's data memory (Caffe's ShareData), e.g. for in-place layers and shared weights."""
+        self._shape = other.shape
+        self._data = other.data
+
+    def share_diff(self, other):
+        self._shape = other.shape
+        self._diff = other.diff
+
+    def __repr__(self):
+        return "Blob(%s)" % (self._shape,)
+
+    # --- protobuf conversion (Caffe's Blob::FromProto / ToProto) ---------------------------------------
+
+    @staticmethod
+    def proto_shape(proto):
+        """The shape a BlobProto describes: `shape.dim`, or the legacy num/channels/height/width (4 axes)."""
+        if proto.HasField("num") or proto.HasField("channels") or proto.HasField("height") or \
+                proto.HasField("width"):
+            return (proto.num, proto.channels, proto.height, proto.width)
+        return tuple(proto.shape.dim)
+
+    def shape_matches_proto(self, proto):
+        """Caffe's Blob::ShapeEquals: legacy 4-D protos match from the end, missing leading axes being 1."""
+        if proto.HasField("num") or proto.HasField("channels") or proto.HasField("height") or \
+                proto.HasField("width"):
+            if len(self._shape) > 4:
+                return False
+            legacy = (proto.num, proto.channels, proto.height, proto.width)
+            return tuple(self._legacy(i) for i in (-4, -3, -2, -1)) == legacy
+        return tuple(proto.shape.dim) == self._shape
+
+    def from_proto(self, proto, reshape=True, what="blob"):
+        if reshape:
+            self.reshape(self.proto_shape(proto))
+        elif not self.shape_matches_proto(proto):
+            raise NetError("%s: shape mismatch: target %s, source %s" % (what, self._shape, self.proto_shape(proto)))
+        values = proto.double_data if len(proto.double_data) else proto.data
+        if len(values) != self.count:
+            raise NetError("%s: holds %d values but its shape %s needs %d"
+                           % (what, len(values), self.proto_shape(proto), self.count))
+        self.data[...] = np.asarray(values, dtype=np.float32).reshape(self._shape)
+        diffs = proto.double_diff if len(proto.double_diff) else proto.diff
+        if len(diffs):
+            if len(diffs) != self.count:
+                raise NetError("%s: holds %d diff values, expected %d" % (what, len(diffs), self.count))
+            self.diff[...] = np.asarray(diffs, dtype=np.float32).reshape(self._shape)
+        return self
+
+    @classmethod
+    def from_proto_new(cls, proto, what="blob"):
+        return cls().from_proto(proto, what=what)
+
+    def to_proto(self, write_diff=False, proto=None):
+        proto = proto if proto is not None else caffe_pb2.BlobProto()
+        proto.Clear()
+        proto.shape.dim.extend(self._shape)
+        proto.data.extend(self.data.ravel().tolist())
+        if write_diff:
+            proto.diff.extend(self.diff.ravel().tolist())
+        return proto
