@@ -20,6 +20,12 @@ def _token_at(text, line, column):
     return m.group(0) if m else None
 
 
+def _only_space_after(text, line, column, token):
+    lines = text.splitlines()
+    rest = "\n".join([lines[line - 1][column - 1:]] + lines[line:])
+    return not rest.lstrip()[len(token):].strip()
+
+
 def parse_text(text, message, filename=None):
     """Merge prototxt `text` into the protobuf `message` (cleared first) and return it."""
     message.Clear()
@@ -32,6 +38,8 @@ def parse_text(text, message, filename=None):
         if m:
             detail = m.group(3)
         token = _token_at(text, line, column) if line else None
+        if token is not None and _only_space_after(text, line, column, token):
+            detail, token = "unexpected end of file: " + detail, None   # e.g. a missing closing brace
         raise PrototxtError(detail, filename, line, column, token) from None
     return message
 

@@ -26,13 +26,17 @@ class Layer:
     has_backward = True          # False where Caffe's Backward is NOT_IMPLEMENTED or a no-op (data, accuracy, ...)
 
     def __init__(self, param, phase=None):
-        self.param = param
+        # Each layer owns a copy of its LayerParameter, as Caffe's Layer does: a layer may edit it (BatchNorm adds
+        # lr_mult 0 specs) without the Net seeing that, and Net.to_proto writes this copy.
+        self.param = type(param)()
+        self.param.CopyFrom(param)
         self.name = param.name
         self.phase = param.phase if phase is None else phase
         # Blobs stored in the LayerParameter (deploy nets with embedded weights) come first, as in Caffe's
         # Layer constructor; layer_setup then skips its fillers ("Skipping parameter initialization").
         self.blobs = [Blob.from_proto_new(b, what="layer '%s' blob %d" % (self.name, i))
                       for i, b in enumerate(param.blobs)]
+        del self.param.blobs[:]   # now held by self.blobs; to_proto writes them back
         self.param_propagate_down = []
         self.loss_weights = []
 
@@ -46,11 +50,8 @@ class Layer:
             raise self.error(message)
 
     def make_param(self, shape, filler=None):
-        """A new learnable blob of `shape`, filled by `filler` (a FillerParameter) if given."""
-        blob = Blob(shape)
-        if filler is not None:
-            fill(filler, blob)
-        return blob
+        """A new learnable blob of `shape`, filled by `filler` (a FillerParameter) when its data is first used."""
+        return Blob(shape, init=None if filler is None else (lambda blob: fill(filler, blob)))
 
     # --- the contract ---------------------------------------------------------------------------------
 

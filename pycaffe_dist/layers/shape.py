@@ -1,1 +1,477 @@
 """Layers that move, combine or reduce blobs: Split, Concat, Slice, Flatten, Reshape, Crop, Tile, Eltwise, Silence, BatchReindex, Filter, ArgMax, Reduction, Softmax, Scale, Bias, Parameter."""
+from ..net.blob import canonical_axis, count
+from ..proto import caffe_pb2
+from .base import Layer
+from .registry import register
+
+# Operations for a softmax over `count` values: max (compare), subtract, exp, sum, divide.
+SOFTMAX_FLOPS_PER_ELEMENT = 5
+
+
+def _no_in_place(layer, bottom, top):
+    for t in top:
+        layer.check(t is not bottom[0], "%s Layer does not allow in-place computation." % layer.param.type)
+
+
+@register("Split")
+class SplitLayer(Layer):
+    """Copies its bottom to every top (the net inserts these where one blob feeds several layers)."""
+    exact_num_bottom = 1
+    min_top = 1
+
+    def reshape(self, bottom, top):
+        _no_in_place(self, bottom, top)     # split_layer.cpp
+        for t in top:
+            t.reshape(bottom[0].shape)
+
+
+@register("Concat")
+class ConcatLayer(Layer):
+    min_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.concat_param
+        self.check(not (p.HasField("axis") and p.HasField("concat_dim")),
+                   "Either axis or concat_dim should be specified; not both.")
+
+    def reshape(self, bottom, top):
+        # concat_layer.cpp Reshape
+        p = self.param.concat_param
+        num_axes = len(bottom[0].shape)
+        if p.HasField("concat_dim"):
+            axis = p.concat_dim
+            # Caffe casts the uint32 to int; a negative result is refused, as is an axis past the last.
+            self.check(axis < num_axes, "concat_dim out of range (%d for %d-axis inputs)" % (axis, num_axes))
+        else:
+            axis = canonical_axis(p.axis, num_axes, "concat axis")
+        self.axis = axis
+        shape = list(bottom[0].shape)
+        for i, b in enumerate(bottom[1:], 1):
+            self.check(len(b.shape) == num_axes, "All inputs must have the same #axes (bottom 0 %s, bottom %d %s)"
+                       % (bottom[0].shape, i, b.shape))
+            for j in range(num_axes):
+                if j != axis:
+                    self.check(shape[j] == b.shape[j], "All inputs must have the same shape, except at concat_axis "
+                               "(axis %d; bottom 0 %s, bottom %d %s)" % (axis, bottom[0].shape, i, b.shape))
+            shape[axis] += b.shape[axis]
+        top[0].reshape(shape)
+
+
+@register("Slice")
+class SliceLayer(Layer):
+    exact_num_bottom = 1
+    min_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.slice_param
+        self.check(not (p.HasField("axis") and p.HasField("slice_dim")),
+                   "Either axis or slice_dim should be specified; not both.")
+        self.slice_points = list(p.slice_point)
+
+    def reshape(self, bottom, top):
+        # slice_layer.cpp Reshape
+        p = self.param.slice_param
+        shape = list(bottom[0].shape)
+        if p.HasField("slice_dim"):
+            axis = p.slice_dim
+            self.check(axis < len(shape), "slice_dim out of range (%d for a %d-axis input)" % (axis, len(shape)))
+        else:
+            axis = canonical_axis(p.axis, len(shape), "slice axis")
+        self.axis = axis
+        dim = shape[axis]
+        if self.slice_points:
+            self.check(len(self.slice_points) == len(top) - 1,
+                       "slice_point must be given once per top but the last (%d tops, %d slice points)"
+                       % (len(top), len(self.slice_points)))
+            self.check(len(top) <= dim, "more tops (%d) than the slice axis %d has entries (bottom %s)"
+                       % (len(top), axis, bottom[0].shape))
+            sizes, prev = [], 0
+            for point in self.slice_points:
+                self.check(point > prev, "slice points must be strictly increasing and positive, got %s"
+                           % self.slice_points)
+                sizes.append(point - prev)
+                prev = point
+            # Caffe lets Blob::Reshape / the final count check catch a point past the end; say it plainly.
+            self.check(prev < dim, "slice point %d is past the end of slice axis %d (size %d)" % (prev, axis, dim))
+            sizes.append(dim - prev)
+        else:
+            self.check(dim % len(top) == 0, "Number of top blobs (%d) should evenly divide input slice axis (%d)"
+                       % (len(top), dim))
+            sizes = [dim // len(top)] * len(top)
+        for t, size in zip(top, sizes):
+            shape[axis] = size
+            t.reshape(shape)
+
+
+@register("Flatten")
+class FlattenLayer(Layer):
+    """Collapses axes [axis, end_axis] into one (flatten_layer.cpp)."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        _no_in_place(self, bottom, top)
+
+    def reshape(self, bottom, top):
+        p = self.param.flatten_param
+        shape = bottom[0].shape
+        start = canonical_axis(p.axis, len(shape), "flatten axis")
+        end = canonical_axis(p.end_axis, len(shape), "flatten end_axis")
+        self.check(start <= end, "flatten end_axis (%d) must not come before axis (%d)" % (end, start))
+        top[0].reshape(shape[:start] + (count(shape, start, end + 1),) + shape[end + 1:])
+
+
+@register("Reshape")
+class ReshapeLayer(Layer):
+    """reshape_param.shape replaces axes [axis, axis + num_axes) of the bottom; 0 copies the bottom's dimension,
+    -1 is inferred from the count (reshape_layer.cpp)."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        _no_in_place(self, bottom, top)
+        dims = list(self.param.reshape_param.shape.dim)
+        self.copy_axes = [i for i, d in enumerate(dims) if d == 0]
+        inferred = [i for i, d in enumerate(dims) if d == -1]
+        self.check(len(inferred) <= 1, "new shape contains multiple -1 dims; at most a single (1) value of -1 may "
+                   "be specified (only one dimension can be inferred)")
+        self.inferred_axis = inferred[0] if inferred else None
+        self.check(all(d >= -1 for d in dims), "new shape %s has a negative dimension other than -1" % dims)
+        self.constant_count = count([d for d in dims if d > 0])
+
+    def reshape(self, bottom, top):
+        p = self.param.reshape_param
+        bshape = bottom[0].shape
+        n = len(bshape)
+        start = p.axis if p.axis >= 0 else n + p.axis + 1
+        self.check(0 <= start <= n, "axis %d out of range for %d-D input blob" % (p.axis, n))
+        self.check(p.num_axes >= -1, "num_axes must be >= 0, or -1 for all")
+        end = n if p.num_axes == -1 else start + p.num_axes
+        self.check(end <= n, "end_axis = axis + num_axes is out of range (%d + %d > %d axes)"
+                   % (start, p.num_axes, n))
+        dims = list(p.shape.dim)
+        shape = list(bshape[:start]) + dims + list(bshape[end:])
+        for i in self.copy_axes:
+            self.check(start + i < n, "new shape contains a 0, but there was no corresponding bottom axis to copy")
+            shape[start + i] = bshape[start + i]
+        if self.inferred_axis is not None:
+            explicit = self.constant_count * count(bshape, 0, start) * count(bshape, end)
+            for i in self.copy_axes:
+                explicit *= shape[start + i]
+            total = count(bshape)
+            self.check(explicit != 0 and total % explicit == 0,
+                       "bottom count (%d) must be divisible by the product of the specified dimensions (%d)"
+                       % (total, explicit))
+            shape[start + self.inferred_axis] = total // explicit
+        self.check(count(shape) == count(bshape), "output count must match input count (bottom %s, top %s)"
+                   % (bshape, tuple(shape)))
+        top[0].reshape(shape)
+
+
+@register("Crop")
+class CropLayer(Layer):
+    """Crops bottom 0 to the shape of bottom 1 from crop_param.axis on, at crop_param.offset (crop_layer.cpp)."""
+    exact_num_bottom = 2
+    exact_num_top = 1
+
+    def reshape(self, bottom, top):
+        p = self.param.crop_param
+        shape = list(bottom[0].shape)
+        n = len(shape)
+        start = canonical_axis(p.axis, n, "crop axis")
+        offsets = list(p.offset)
+        if len(offsets) > 1:
+            self.check(start + len(offsets) == n, "number of crop values specified must be equal to the number of "
+                       "dimensions following axis (axis %d, %d offsets, %d axes)" % (start, len(offsets), n))
+        self.check(len(bottom[1].shape) >= n, "the reference bottom %s has fewer axes than the cropped bottom %s"
+                   % (bottom[1].shape, bottom[0].shape))
+        self.offsets = [0] * n
+        for i in range(start, n):
+            offset = offsets[0] if len(offsets) == 1 else (offsets[i - start] if offsets else 0)
+            size = bottom[1].shape[i]
+            self.check(shape[i] - offset >= size, "the crop for dimension %d is out-of-bounds with size %d and "
+                       "offset %d (input size %d)" % (i, size, offset, shape[i]))
+            shape[i] = size
+            self.offsets[i] = offset
+        top[0].reshape(shape)
+
+
+@register("Tile")
+class TileLayer(Layer):
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def reshape(self, bottom, top):
+        p = self.param.tile_param
+        axis = canonical_axis(p.axis, len(bottom[0].shape), "tile axis")
+        self.check(p.HasField("tiles"), "Number of tiles must be specified")
+        self.check(p.tiles > 0, "Number of tiles must be positive.")
+        shape = list(bottom[0].shape)
+        shape[axis] *= p.tiles
+        top[0].reshape(shape)
+
+
+@register("Eltwise")
+class EltwiseLayer(Layer):
+    min_bottom = 2
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        # eltwise_layer.cpp LayerSetUp
+        p = self.param.eltwise_param
+        self.op = p.operation
+        self.check(len(p.coeff) in (0, len(bottom)), "Eltwise Layer takes one coefficient per bottom blob "
+                   "(%d bottoms, %d coeffs)" % (len(bottom), len(p.coeff)))
+        self.check(not (self.op == caffe_pb2.EltwiseParameter.PROD and len(p.coeff)),
+                   "Eltwise layer only takes coefficients for summation.")
+        self.coeffs = list(p.coeff) or [1.0] * len(bottom)
+
+    def reshape(self, bottom, top):
+        for i, b in enumerate(bottom[1:], 1):
+            self.check(b.shape == bottom[0].shape, "all bottoms must have the same shape (bottom[0]: %s, "
+                       "bottom[%d]: %s)" % (bottom[0].shape, i, b.shape))
+        top[0].reshape(bottom[0].shape)
+
+    def flops(self, bottom, top):
+        n = bottom[0].count * (len(bottom) - 1)     # one add / multiply / compare per extra bottom
+        if self.op == caffe_pb2.EltwiseParameter.SUM and any(c != 1 for c in self.coeffs):
+            n += bottom[0].count * len(bottom)      # the coefficients make each add a multiply-add
+        return n
+
+
+@register("Silence")
+class SilenceLayer(Layer):
+    """Swallows its bottoms (no tops); backward sets their diffs to zero."""
+    min_bottom = 1
+    exact_num_top = 0
+
+    def reshape(self, bottom, top):
+        pass
+
+
+@register("BatchReindex")
+class BatchReindexLayer(Layer):
+    """top[i] = bottom0[index[i]] along the first axis (batch_reindex_layer.cpp)."""
+    exact_num_bottom = 2
+    exact_num_top = 1
+
+    def reshape(self, bottom, top):
+        self.check(len(bottom[1].shape) == 1, "the index bottom must have 1 axis, got %s" % (bottom[1].shape,))
+        self.check(len(bottom[0].shape) >= 1, "the data bottom needs at least one axis")
+        top[0].reshape(bottom[1].shape[:1] + bottom[0].shape[1:])
+
+    def allow_force_backward(self, bottom_index):
+        # Caffe's Backward CHECKs "Cannot backprop to index." (it does not override AllowForceBackward, so a
+        # force_backward net would abort there); we leave the index out instead.
+        return bottom_index != 1
+
+
+@register("Filter")
+class FilterLayer(Layer):
+    """Forwards the items (first axis) of bottoms 0..K-1 whose selector (the last bottom) is non-zero
+    (filter_layer.cpp). The first reshape keeps the full batch; later ones read the selector's data."""
+    min_bottom = 2
+    min_top = 1
+
+    def layer_setup(self, bottom, top):
+        self.check(len(top) == len(bottom) - 1, "Top.size() should be equal to bottom.size() - 1")
+        self.first_reshape = True
+
+    def reshape(self, bottom, top):
+        selector = bottom[-1]
+        self.check(len(selector.shape) >= 1, "the selector bottom needs at least one axis")
+        for d in selector.shape[1:]:
+            self.check(d == 1, "Selector blob dimensions must be singletons (1), except the first (got %s)"
+                       % (selector.shape,))
+        for b in bottom[:-1]:
+            self.check(len(b.shape) >= 1 and b.shape[0] == selector.shape[0],
+                       "Each bottom should have the same 0th dimension as the selector blob (%s vs %s)"
+                       % (b.shape, selector.shape))
+        if self.first_reshape:
+            num = bottom[0].shape[0]
+            self.first_reshape = False
+        else:
+            num = int((selector.data.reshape(-1) != 0).sum())
+        for b, t in zip(bottom, top):
+            t.reshape((num,) + b.shape[1:])
+
+    def allow_force_backward(self, bottom_index):
+        # Caffe's Backward refuses the selector (the last bottom): "cannot backpropagate to filter index inputs".
+        return bottom_index != len(self.param.bottom) - 1
+
+
+@register("ArgMax")
+class ArgMaxLayer(Layer):
+    exact_num_bottom = 1
+    exact_num_top = 1
+    has_backward = False     # argmax_layer.hpp: Backward_cpu is NOT_IMPLEMENTED
+
+    def layer_setup(self, bottom, top):
+        # argmax_layer.cpp LayerSetUp
+        p = self.param.argmax_param
+        self.out_max_val = p.out_max_val
+        self.top_k = p.top_k
+        self.check(self.top_k >= 1, "top k must not be less than 1.")
+        if p.HasField("axis"):
+            self.axis = canonical_axis(p.axis, len(bottom[0].shape), "argmax axis")
+            self.check(self.top_k <= bottom[0].shape[self.axis], "top_k must be less than or equal to the dimension "
+                       "of the axis (top_k %d, axis %d of %s)" % (self.top_k, self.axis, bottom[0].shape))
+        else:
+            self.axis = None
+            self.check(self.top_k <= bottom[0].count_range(1), "top_k must be less than or equal to the dimension "
+                       "of the flattened bottom blob per instance (top_k %d, bottom %s)"
+                       % (self.top_k, bottom[0].shape))
+
+    def reshape(self, bottom, top):
+        if self.axis is not None:
+            shape = list(bottom[0].shape)       # max_ind or max_val along the axis
+            shape[self.axis] = self.top_k
+        else:
+            # (N, 1 or 2, top_k), padded with 1s to the bottom's number of axes
+            shape = [1] * max(3, len(bottom[0].shape))
+            shape[0] = bottom[0].shape[0]
+            shape[2] = self.top_k
+            if self.out_max_val:
+                shape[1] = 2                    # max_ind and max_val
+        top[0].reshape(shape)
+
+    def flops(self, bottom, top):
+        return bottom[0].count * self.top_k     # partial sort: about one comparison per value and per k
+
+
+@register("Reduction")
+class ReductionLayer(Layer):
+    """SUM, ASUM, SUMSQ or MEAN over all axes from reduction_param.axis on; top shape = bottom shape up to the
+    axis (a 0-axis scalar for axis 0) (reduction_layer.cpp)."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.reduction_param
+        self.op, self.coeff = p.operation, p.coeff
+
+    def reshape(self, bottom, top):
+        self.axis = canonical_axis(self.param.reduction_param.axis, len(bottom[0].shape), "reduction axis")
+        top[0].reshape(bottom[0].shape[:self.axis])
+
+    def flops(self, bottom, top):
+        R = caffe_pb2.ReductionParameter
+        per = 2 if self.op in (R.ASUM, R.SUMSQ) else 1      # abs + add, or multiply-add
+        scale = top[0].count if (self.coeff != 1 or self.op == R.MEAN) else 0
+        return per * bottom[0].count + scale
+
+
+@register("Softmax")
+class SoftmaxLayer(Layer):
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def reshape(self, bottom, top):
+        self.axis = canonical_axis(self.param.softmax_param.axis, len(bottom[0].shape), "softmax axis")
+        top[0].reshape(bottom[0].shape)
+
+    def flops(self, bottom, top):
+        return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count
+
+
+def _check_broadcast(layer, bottom0, param_blob, axis_param, what):
+    """Scale/Bias Reshape: the scale/bias blob's shape must equal bottom 0's shape from the axis on
+    (scale_layer.cpp, bias_layer.cpp). Returns the canonical axis (0 for a scalar blob, as Caffe)."""
+    pshape = param_blob.shape
+    axis = 0 if len(pshape) == 0 else canonical_axis(axis_param, len(bottom0.shape), "%s axis" % what)
+    layer.check(len(bottom0.shape) >= axis + len(pshape), "%s blob's shape extends past bottom[0]'s shape when "
+                "applied starting with bottom[0] axis = %d (%s blob %s, bottom %s)"
+                % (what, axis, what, pshape, bottom0.shape))
+    for i, d in enumerate(pshape):
+        layer.check(bottom0.shape[axis + i] == d, "dimension mismatch between bottom[0]->shape(%d) and "
+                    "%s->shape(%d) (bottom %s, %s %s)" % (axis + i, what, i, bottom0.shape, what, pshape))
+    return axis
+
+
+def _learned_shape(layer, bottom0, axis_param, num_axes, what):
+    """Shape of a learned scale/bias blob: bottom 0's axes [axis, axis + num_axes), num_axes -1 = to the end."""
+    axis = canonical_axis(axis_param, len(bottom0.shape), "%s axis" % what)
+    layer.check(num_axes >= -1, "num_axes must be non-negative, or -1 to extend to the end of bottom[0]")
+    if num_axes >= 0:
+        layer.check(len(bottom0.shape) >= axis + num_axes, "%s blob's shape extends past bottom[0]'s shape when "
+                    "applied starting with bottom[0] axis = %d (num_axes %d, bottom %s)"
+                    % (what, axis, num_axes, bottom0.shape))
+    return bottom0.shape[axis:] if num_axes == -1 else bottom0.shape[axis:axis + num_axes]
+
+
+@register("Bias")
+class BiasLayer(Layer):
+    """top = bottom0 + bias, the bias (bottom 1 or a learned blob) broadcast from bias_param.axis (bias_layer.cpp)."""
+    min_bottom = 1
+    max_bottom = 2
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.bias_param
+        if len(bottom) == 1 and not self.blobs:
+            shape = _learned_shape(self, bottom[0], p.axis, p.num_axes, "bias")
+            self.blobs = [self.make_param(shape, p.filler)]    # FillerParameter default: constant 0
+
+    def reshape(self, bottom, top):
+        bias = bottom[1] if len(bottom) > 1 else self.blobs[0]
+        self.axis = _check_broadcast(self, bottom[0], bias, self.param.bias_param.axis, "bias")
+        top[0].reshape(bottom[0].shape)
+
+    def flops(self, bottom, top):
+        return bottom[0].count
+
+
+@register("Scale")
+class ScaleLayer(Layer):
+    """top = bottom0 * scale (+ bias), the scale (bottom 1 or a learned blob) broadcast from scale_param.axis
+    (scale_layer.cpp). With bias_term the bias is the last blob, shaped as Caffe's internal Bias layer makes it."""
+    min_bottom = 1
+    max_bottom = 2
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.scale_param
+        expected = (1 if len(bottom) == 1 else 0) + (1 if p.bias_term else 0)
+        if self.blobs:
+            # "Skipping parameter initialization": the blobs came with the LayerParameter.
+            self.check(len(self.blobs) == expected, "expected %d parameter blob(s) (scale%s), got %d"
+                       % (expected, " + bias" if p.bias_term else "", len(self.blobs)))
+            return
+        if len(bottom) == 1:
+            shape = _learned_shape(self, bottom[0], p.axis, p.num_axes, "scale")
+            if p.HasField("filler"):
+                filler = p.filler
+            else:
+                filler = caffe_pb2.FillerParameter(type="constant", value=1)   # identity by default
+            self.blobs.append(self.make_param(shape, filler))
+        if p.bias_term:
+            # Caffe sets up a Bias layer on bottom 0 with num_axes = bottom 1's axes (two bottoms) or scale's.
+            num_axes = len(bottom[1].shape) if len(bottom) > 1 else p.num_axes
+            shape = _learned_shape(self, bottom[0], p.axis, num_axes, "bias")
+            self.blobs.append(self.make_param(shape, p.bias_filler))   # default: constant 0
+
+    def reshape(self, bottom, top):
+        p = self.param.scale_param
+        scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
+        self.axis = _check_broadcast(self, bottom[0], scale, p.axis, "scale")
+        if p.bias_term:
+            _check_broadcast(self, bottom[0], self.blobs[-1], p.axis, "bias")
+        top[0].reshape(bottom[0].shape)
+
+    def flops(self, bottom, top):
+        return bottom[0].count * (2 if self.param.scale_param.bias_term else 1)
+
+
+@register("Parameter")
+class ParameterLayer(Layer):
+    """Exposes one learnable blob of parameter_param.shape as its top (parameter_layer.hpp; no filler: zeros)."""
+    exact_num_bottom = 0
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        if not self.blobs:
+            self.blobs = [self.make_param(tuple(self.param.parameter_param.shape.dim))]
+
+    def reshape(self, bottom, top):
+        top[0].reshape(tuple(self.param.parameter_param.shape.dim))

@@ -2,7 +2,8 @@
 
 Memory is allocated on first access of `data` or `diff`, so building a net to infer shapes (net-info, upgrade
 checks) costs no memory. Like Caffe's SyncedMemory, fresh memory is zero; a reshape that keeps the element count
-keeps the values.
+keeps the values. A parameter blob may carry an initializer (its filler) that runs on that first access, unless
+weights are loaded into it first.
 """
 import numpy as np
 
@@ -28,11 +29,12 @@ def count(shape, start=0, end=None):
 
 
 class Blob:
-    __slots__ = ("_shape", "_data", "_diff")
+    __slots__ = ("_shape", "_data", "_diff", "_init")
 
-    def __init__(self, shape=()):
+    def __init__(self, shape=(), init=None):
         self._shape = ()
         self._data = self._diff = None
+        self._init = init
         self.reshape(shape)
 
     def reshape(self, *shape):
@@ -81,6 +83,9 @@ class Blob:
     def data(self):
         if self._data is None:
             self._data = np.zeros(self._shape, dtype=np.float32)
+            init, self._init = self._init, None
+            if init is not None:
+                init(self)
         return self._data
 
     @data.setter
@@ -130,6 +135,7 @@ class Blob:
         return tuple(proto.shape.dim) == self._shape
 
     def from_proto(self, proto, reshape=True, what="blob"):
+        self._init = None    # loaded values replace the filler
         if reshape:
             self.reshape(self.proto_shape(proto))
         elif not self.shape_matches_proto(proto):

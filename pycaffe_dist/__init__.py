@@ -1,0 +1,14 @@
+"""pycaffe-dist: a Caffe-compatible trainer. `import pycaffe_dist as caffe` gives pycaffe's interface."""
+from .common import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .errors import (DataError, ModelFileError, NetError, PrototxtError, PycaffeDistError, SolverError, StoreError,
+                     UpgradeError)
+from .layers.python_layer import UserLayer as Layer
+from .net.blob import Blob
+from .proto import caffe_pb2
+from .pycaffe import TEST, TRAIN, Net
+
+__version__ = "0.1.0"
+
+__all__ = ["Blob", "DataError", "Layer", "ModelFileError", "Net", "NetError", "PrototxtError", "PycaffeDistError",
+           "SolverError", "StoreError", "TEST", "TRAIN", "UpgradeError", "caffe_pb2", "set_device", "set_mode_cpu",
+           "set_mode_gpu", "set_random_seed"]

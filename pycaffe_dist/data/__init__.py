@@ -1,0 +1,1 @@
+"""Data sources, transforms and prefetching."""

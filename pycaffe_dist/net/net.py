@@ -1,0 +1,310 @@
+"""Net: the layer graph built once from a NetParameter and a NetState, then only run (Caffe's src/caffe/net.cpp).
+
+Init order, as Caffe's: filter layers by the state's rules, insert Split layers, then for each layer connect
+bottoms (consuming them from the set of available blobs), create or reuse tops (same name as the bottom at that
+index = in place), set the layer up, register its parameters (sharing by ParamSpec.name), and work out which
+layers and blobs need a backward pass. What is still available at the end is the net's output.
+"""
+import logging
+
+from ..errors import NetError
+from ..proto import caffe_pb2
+from ..layers import create_layer
+from .blob import Blob
+from .splits import insert_splits
+from .state import filter_net, make_state
+
+log = logging.getLogger("pycaffe_dist")
+
+
+class Net:
+    """fill_params=False leaves parameters unfilled (and unallocated) until used: for shape-only work."""
+    def __init__(self, param, phase=caffe_pb2.TEST, level=0, stages=(), state=None, fill_params=True):
+        if len(param.layers):
+            raise NetError("net '%s' still has V1 'layers': upgrade it first (pycaffe_dist.io.upgrade)" % param.name)
+        if state is None:
+            state = make_state(phase, level, stages)
+            # Caffe merges the net's own state under the one asked for (phase/level/stages given win).
+            if param.HasField("state"):
+                merged = caffe_pb2.NetState()
+                merged.CopyFrom(param.state)
+                merged.MergeFrom(state)
+                merged.phase, merged.level = phase, level
+                state = merged
+        self.state = state
+        self.phase = state.phase
+        self.name = param.name
+        self.param = insert_splits(filter_net(param, state))
+        self.layers, self.layer_names = [], []
+        self._blob_list, self.blob_names = [], []      # all blobs, in order of creation
+        self.bottom_ids, self.top_ids = [], []         # per layer, indices into self._blob_list
+        self.bottom_need_backward, self.layer_need_backward = [], []
+        self.input_ids, self.output_ids = [], []
+        self.param_blobs = []                          # every param blob of every layer, shared ones repeated
+        self.param_owner = []                          # -1, or the index in self.params that owns it
+        self.param_layer_index = []                    # (layer id, blob index) of each entry in self.params
+        self.param_display_names = []
+        self.learnable_params, self.learnable_param_ids = [], []
+        self.params_lr, self.params_weight_decay = [], []
+        self._has_lr, self._has_decay = [], []
+        self._blob_index = {}
+        self._build()
+        if fill_params:
+            # Run the fillers now, in layer order as Caffe does, so that a seeded net is reproducible.
+            for layer in self.layers:
+                for blob in layer.blobs:
+                    blob.data
+
+    # --- construction -------------------------------------------------------------------------------------
+
+    def _build(self):
+        blob_need_backward = []
+        available = set()
+        param_names = {}
+        for layer_id, lp in enumerate(self.param.layer):
+            if not lp.HasField("phase"):
+                lp.phase = self.phase
+            if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
+                raise NetError("layer '%s': propagate_down must be given once per bottom (%d bottoms, %d values)"
+                               % (lp.name, len(lp.bottom), len(lp.propagate_down)))
+            layer = create_layer(lp, lp.phase)
+            self.layers.append(layer)
+            self.layer_names.append(lp.name)
+            need_backward = False
+            bottoms, bottom_need = [], []
+            for j, name in enumerate(lp.bottom):
+                if name not in available:
+                    raise NetError("layer '%s': unknown bottom blob '%s' (bottom index %d)" % (lp.name, name, j))
+                blob_id = self._blob_index[name]
+                available.discard(name)
+                need = bool(lp.propagate_down[j]) if len(lp.propagate_down) else blob_need_backward[blob_id]
+                bottoms.append(blob_id)
+                bottom_need.append(need)
+                need_backward |= blob_need_backward[blob_id]
+            tops = []
+            for j, name in enumerate(lp.top):
+                if j < len(lp.bottom) and name == lp.bottom[j]:
+                    tops.append(self._blob_index[name])          # in place: the bottom blob itself
+                elif name in self._blob_index:
+                    raise NetError("layer '%s': top blob '%s' produced by multiple sources" % (lp.name, name))
+                else:
+                    tops.append(self._new_blob(name))
+                    blob_need_backward.append(False)
+                    if lp.type == "Input":
+                        self.input_ids.append(tops[-1])
+                available.add(name)
+            if layer.auto_top_blobs:
+                wanted = max(layer.min_top or 0, layer.exact_num_top or 0)
+                while len(tops) < wanted:
+                    tops.append(self._new_blob(None))            # anonymous: never an input of another layer
+                    blob_need_backward.append(False)
+            self.bottom_ids.append(bottoms)
+            self.top_ids.append(tops)
+            self.bottom_need_backward.append(bottom_need)
+            layer.setup([self._blob_list[i] for i in bottoms], [self._blob_list[i] for i in tops])
+            if len(lp.param) > len(layer.blobs):
+                raise NetError("layer '%s': too many params specified (%d param specs, the layer has %d blobs)"
+                               % (lp.name, len(lp.param), len(layer.blobs)))
+            for param_id in range(len(layer.blobs)):
+                spec = lp.param[param_id] if param_id < len(lp.param) else caffe_pb2.ParamSpec()
+                learns = spec.lr_mult != 0
+                need_backward |= learns
+                layer.param_propagate_down[param_id] = learns
+            for param_id in range(len(layer.blobs)):
+                self._append_param(layer_id, param_id, param_names)
+            self.layer_need_backward.append(need_backward)
+            if need_backward:
+                for i in tops:
+                    blob_need_backward[i] = True
+        self._prune_backward(force=self.param.force_backward)
+        self.output_ids = [self._blob_index[n] for n in self.blob_names if n in available]
+        self._share_weights()
+
+    def _new_blob(self, name):
+        self._blob_list.append(Blob())
+        self.blob_names.append(name if name is not None else "(automatic)")
+        if name is not None:
+            self._blob_index[name] = len(self._blob_list) - 1
+        return len(self._blob_list) - 1
+
+    def _append_param(self, layer_id, param_id, param_names):
+        """Caffe's Net::AppendParam: the first layer to use a name owns the blob; later users share it."""
+        lp, layer = self.param.layer[layer_id], self.layers[layer_id]
+        has_spec = param_id < len(lp.param)
+        spec = lp.param[param_id] if has_spec else caffe_pb2.ParamSpec()
+        name = spec.name if has_spec else ""
+        net_param_id = len(self.param_blobs)
+        self.param_blobs.append(layer.blobs[param_id])
+        self.param_layer_index.append((layer_id, param_id))
+        self.param_display_names.append(name or str(param_id))
+        if not name or name not in param_names:
+            self.param_owner.append(-1)
+            if name:
+                param_names[name] = net_param_id
+            self.learnable_param_ids.append(len(self.learnable_params))
+            self.learnable_params.append(layer.blobs[param_id])
+            self._has_lr.append(spec.HasField("lr_mult"))
+            self._has_decay.append(spec.HasField("decay_mult"))
+            self.params_lr.append(spec.lr_mult)
+            self.params_weight_decay.append(spec.decay_mult)
+            return
+        owner_id = param_names[name]
+        self.param_owner.append(owner_id)
+        owner_layer, owner_param = self.param_layer_index[owner_id]
+        mine, theirs = layer.blobs[param_id], self.layers[owner_layer].blobs[owner_param]
+        owner_name = self.layer_names[owner_layer]
+        if spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE:
+            if mine.count != theirs.count:
+                raise NetError("cannot share param '%s' owned by layer '%s' with layer '%s'; count mismatch. "
+                               "Owner layer param shape is %s; sharing layer shape is %s"
+                               % (name, owner_name, lp.name, theirs.shape, mine.shape))
+        elif mine.shape != theirs.shape:
+            raise NetError("cannot share param '%s' owned by layer '%s' with layer '%s'; shape mismatch. "
+                           "Owner layer param shape is %s; sharing layer expects shape %s"
+                           % (name, owner_name, lp.name, theirs.shape, mine.shape))
+        learnable_id = self.learnable_param_ids[owner_id]
+        self.learnable_param_ids.append(learnable_id)
+        for has, values, field in ((self._has_lr, self.params_lr, "lr_mult"),
+                                   (self._has_decay, self.params_weight_decay, "decay_mult")):
+            if spec.HasField(field):
+                if has[learnable_id]:
+                    if getattr(spec, field) != values[learnable_id]:
+                        raise NetError("shared param '%s' has mismatched %s (layer '%s')" % (name, field, lp.name))
+                else:
+                    has[learnable_id] = True
+                    values[learnable_id] = getattr(spec, field)
+
+    def _share_weights(self):
+        """Sharers use the owner's Blob object itself (Caffe's ShareData + ShareDiff)."""
+        for i, owner in enumerate(self.param_owner):
+            if owner >= 0:
+                layer_id, param_id = self.param_layer_index[i]
+                owner_layer, owner_param = self.param_layer_index[owner]
+                shared = self.layers[owner_layer].blobs[owner_param]
+                self.layers[layer_id].blobs[param_id] = shared
+                self.param_blobs[i] = shared
+
+    def _prune_backward(self, force):
+        """Caffe's second pass: only layers that lead to a loss run backward; force_backward turns all on."""
+        under_loss, skip_backprop = set(), set()
+        for layer_id in reversed(range(len(self.layers))):
+            layer, lp = self.layers[layer_id], self.param.layer[layer_id]
+            contributes, skip = False, True
+            for k, top_id in enumerate(self.top_ids[layer_id]):
+                name = self.blob_names[top_id]
+                if layer.loss_weights[k] or name in under_loss:
+                    contributes = True
+                if name not in skip_backprop:
+                    skip = False
+                if contributes and not skip:
+                    break
+            if self.layer_need_backward[layer_id] and skip:
+                self.layer_need_backward[layer_id] = False
+                self.bottom_need_backward[layer_id] = [False] * len(lp.bottom)
+            if not contributes:
+                self.layer_need_backward[layer_id] = False
+            for j, blob_id in enumerate(self.bottom_ids[layer_id]):
+                if contributes:
+                    under_loss.add(self.blob_names[blob_id])
+                else:
+                    self.bottom_need_backward[layer_id][j] = False
+                if not self.bottom_need_backward[layer_id][j]:
+                    skip_backprop.add(self.blob_names[blob_id])
+        if force:
+            for layer_id, layer in enumerate(self.layers):
+                self.layer_need_backward[layer_id] = True
+                for j in range(len(self.bottom_ids[layer_id])):
+                    self.bottom_need_backward[layer_id][j] |= layer.allow_force_backward(j)
+                layer.param_propagate_down = [True] * len(layer.blobs)
+
+    # --- running ------------------------------------------------------------------------------------------
+
+    def _vecs(self, layer_id):
+        return ([self._blob_list[i] for i in self.bottom_ids[layer_id]], [self._blob_list[i] for i in self.top_ids[layer_id]])
+
+    @property
+    def inputs(self):
+        return [self.blob_names[i] for i in self.input_ids]
+
+    @property
+    def outputs(self):
+        return [self.blob_names[i] for i in self.output_ids]
+
+    def blob_by_name(self, name):
+        try:
+            return self._blob_list[self._blob_index[name]]
+        except KeyError:
+            raise NetError("net '%s' has no blob named '%s'" % (self.name, name)) from None
+
+    def layer_index(self, name):
+        try:
+            return self.layer_names.index(name)
+        except ValueError:
+            raise NetError("net '%s' has no layer named '%s'" % (self.name, name)) from None
+
+    def reshape(self):
+        for layer_id, layer in enumerate(self.layers):
+            layer.reshape(*self._vecs(layer_id))
+
+    def forward_from_to(self, start=0, end=None):
+        """Run layers start..end (inclusive) and return the sum of their weighted losses."""
+        end = len(self.layers) - 1 if end is None else end
+        loss = 0.0
+        for layer_id in range(start, end + 1):
+            layer = self.layers[layer_id]
+            bottom, top = self._vecs(layer_id)
+            layer.reshape(bottom, top)     # Caffe's Layer::Forward reshapes first: inputs may change shape
+            layer.forward(bottom, top)
+            for w, blob in zip(layer.loss_weights, top):
+                if w:
+                    loss += float((blob.data.astype("float64") * blob.diff).sum())
+        return loss
+
+    def backward_from_to(self, start=None, end=0):
+        start = len(self.layers) - 1 if start is None else start
+        for layer_id in range(start, end - 1, -1):
+            if self.layer_need_backward[layer_id]:
+                bottom, top = self._vecs(layer_id)
+                self.layers[layer_id].backward(top, self.bottom_need_backward[layer_id], bottom)
+
+    def forward_backward(self):
+        loss = self.forward_from_to()
+        self.backward_from_to()
+        return loss
+
+    def clear_param_diffs(self):
+        for blob in self.learnable_params:
+            blob.diff[...] = 0
+
+    # --- weights ----------------------------------------------------------------------------------------
+
+    def copy_trained_layers_from(self, source, source_name="weights"):
+        """Caffe's CopyTrainedLayersFrom(NetParameter): copy blobs into layers of the same name."""
+        index = {name: i for i, name in enumerate(self.layer_names)}
+        for src in source.layer:
+            layer_id = index.get(src.name)
+            if layer_id is None:
+                log.debug("Ignoring source layer %s", src.name)
+                continue
+            target = self.layers[layer_id].blobs
+            if len(src.blobs) != len(target):
+                raise NetError("%s: incompatible number of blobs for layer '%s': the file has %d, the net %d"
+                               % (source_name, src.name, len(src.blobs), len(target)))
+            for j, proto in enumerate(src.blobs):
+                if not target[j].shape_matches_proto(proto):
+                    raise NetError("%s: cannot copy param %d weights from layer '%s'; shape mismatch. Source param "
+                                   "shape is %s; target param shape is %s. To learn this layer's parameters from "
+                                   "scratch rather than copying from a saved net, rename the layer."
+                                   % (source_name, j, src.name, Blob.proto_shape(proto), target[j].shape))
+                target[j].from_proto(proto, reshape=False, what="layer '%s' blob %d" % (src.name, j))
+
+    def to_proto(self, write_diff=False):
+        """Caffe's Net::ToProto: the net's (filtered, split) layer params with their blobs."""
+        out = caffe_pb2.NetParameter()
+        out.name = self.name
+        for layer in self.layers:
+            layer_proto = out.layer.add()
+            layer_proto.CopyFrom(layer.param)
+            for blob in layer.blobs:
+                blob.to_proto(write_diff, layer_proto.blobs.add())
+        return out

@@ -1,0 +1,183 @@
+"""The pycaffe interface (python/caffe/pycaffe.py and _caffe.cpp): `Net(prototxt, [weights], phase)`, blobs and
+params as ordered dicts, forward/backward with keyword inputs, copy_from/save. A user's pycaffe script runs after
+`import pycaffe_dist as caffe`.
+"""
+import collections
+import os
+
+import numpy as np
+
+from .errors import NetError
+from .io.binaryproto import read_net_binary, write_binary
+from .io.load import read_net
+from .net.net import Net as _GraphNet
+from .proto import caffe_pb2
+
+TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
+
+
+def _net_param(spec):
+    if isinstance(spec, caffe_pb2.NetParameter):
+        return spec
+    if isinstance(spec, (str, bytes, os.PathLike)):
+        return read_net(os.fsdecode(spec))
+    raise TypeError("Net() takes a prototxt path or a NetParameter, not %r" % type(spec).__name__)
+
+
+class Net(_GraphNet):
+    """Net(network_file, phase, level=0, stages=None, weights=None), or the older Net(network_file, weights,
+    phase); phase and weights may also be keywords."""
+
+    def __init__(self, network_file, *args, phase=None, weights=None, level=0, stages=None):
+        args = list(args)
+        if args and isinstance(args[0], (str, bytes, os.PathLike)):
+            weights = args.pop(0)
+        if args:
+            phase = args.pop(0)
+        if args:
+            level = args.pop(0)
+        if args:
+            stages = args.pop(0)
+        if phase is None:
+            raise TypeError("Net() needs a phase (pycaffe_dist.TRAIN or pycaffe_dist.TEST)")
+        if phase not in (TRAIN, TEST):
+            raise ValueError("phase must be TRAIN (0) or TEST (1), got %r" % (phase,))
+        super().__init__(_net_param(network_file), phase=phase, level=level, stages=stages or ())
+        if weights is not None:
+            self.copy_from(weights)
+
+    # --- pycaffe's dictionaries ---------------------------------------------------------------------------
+
+    @property
+    def blobs(self):
+        return collections.OrderedDict((n, b) for n, b in zip(self.blob_names, self._blob_list) if n != "(automatic)")
+
+    @property
+    def params(self):
+        return collections.OrderedDict((n, l.blobs) for n, l in zip(self.layer_names, self.layers) if l.blobs)
+
+    @property
+    def layer_dict(self):
+        return collections.OrderedDict(zip(self.layer_names, self.layers))
+
+    @property
+    def _layer_names(self):
+        return list(self.layer_names)
+
+    @property
+    def _blob_names(self):
+        return list(self.blob_names)
+
+    @property
+    def top_names(self):
+        return collections.OrderedDict((n, [self.blob_names[i] for i in ids])
+                                       for n, ids in zip(self.layer_names, self.top_ids))
+
+    @property
+    def bottom_names(self):
+        return collections.OrderedDict((n, [self.blob_names[i] for i in ids])
+                                       for n, ids in zip(self.layer_names, self.bottom_ids))
+
+    @property
+    def blob_loss_weights(self):
+        weights = collections.OrderedDict((n, 0.0) for n in self.blob_names)
+        for layer, ids in zip(self.layers, self.top_ids):
+            for w, i in zip(layer.loss_weights, ids):
+                if w:
+                    weights[self.blob_names[i]] = w
+        return weights
+
+    # --- running ------------------------------------------------------------------------------------------
+
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """Run the net (from layer `start` to layer `end`, by name); return {output name: data}."""
+        blobs = list(blobs or [])
+        start_ind = self.layer_index(start) if start is not None else 0
+        if end is not None:
+            end_ind = self.layer_index(end)
+            outputs = set(self.top_names[end] + blobs)
+        else:
+            end_ind = len(self.layers) - 1
+            outputs = set(self.outputs + blobs)
+        if kwargs:
+            if set(kwargs) != set(self.inputs):
+                raise NetError("input blob arguments %s do not match net inputs %s" % (sorted(kwargs), self.inputs))
+            for name, array in kwargs.items():
+                blob = self.blobs[name]
+                if np.shape(array)[:1] != blob.shape[:1]:
+                    raise NetError("input '%s' is not batch sized: %s vs. blob %s"
+                                   % (name, np.shape(array), blob.shape))
+                blob.data[...] = array
+        self.forward_from_to(start_ind, end_ind)
+        return {name: self.blobs[name].data for name in outputs}
+
+    def backward(self, diffs=None, start=None, end=None, **kwargs):
+        """Back-propagate (from layer `start` down to `end`); return {input name: diff}."""
+        diffs = list(diffs or [])
+        start_ind = self.layer_index(start) if start is not None else len(self.layers) - 1
+        if end is not None:
+            end_ind = self.layer_index(end)
+            outputs = set(self.bottom_names[end] + diffs)
+        else:
+            end_ind = 0
+            outputs = set(self.inputs + diffs)
+        if kwargs:
+            if set(kwargs) != set(self.outputs):
+                raise NetError("top diff arguments %s do not match net outputs %s" % (sorted(kwargs), self.outputs))
+            for name, diff in kwargs.items():
+                blob = self.blobs[name]
+                if np.shape(diff)[:1] != blob.shape[:1]:
+                    raise NetError("diff '%s' is not batch sized: %s vs. blob %s" % (name, np.shape(diff), blob.shape))
+                blob.diff[...] = diff
+        self.backward_from_to(start_ind, end_ind)
+        return {name: self.blobs[name].diff for name in outputs}
+
+    def forward_all(self, blobs=None, **kwargs):
+        """Forward batch after batch over inputs longer than one batch; outputs concatenated (pycaffe's)."""
+        all_outs = {out: [] for out in set(self.outputs + list(blobs or []))}
+        if not kwargs:
+            return self.forward(blobs)
+        batch = self.blobs[self.inputs[0]].shape[0]
+        total = len(next(iter(kwargs.values())))
+        for start in range(0, total, batch):
+            chunk = {}
+            for name, array in kwargs.items():
+                part = np.asarray(array[start:start + batch])
+                if len(part) < batch:   # pad the last batch as pycaffe does, then trim
+                    part = np.concatenate([part, np.zeros((batch - len(part),) + part.shape[1:], part.dtype)])
+                chunk[name] = part
+            outs = self.forward(blobs, **chunk)
+            for out, value in outs.items():
+                all_outs[out].extend(value.copy())
+        return {out: np.asarray(values[:total]) for out, values in all_outs.items()}
+
+    # --- weights --------------------------------------------------------------------------------------------
+
+    def copy_from(self, path):
+        """Load weights from a .caffemodel (any format version) into the layers of the same name."""
+        path = os.fsdecode(path)
+        self.copy_trained_layers_from(read_net_binary(path), path)
+
+    def save(self, path):
+        write_binary(os.fsdecode(path), self.to_proto())
+
+    def share_with(self, other):
+        """Use `other`'s parameter blobs (Caffe's ShareTrainedLayersWith): layers matched by name."""
+        index = dict(zip(other.layer_names, other.layers))
+        for name, layer in zip(self.layer_names, self.layers):
+            source = index.get(name)
+            if source is None or not source.blobs:
+                continue
+            if len(source.blobs) != len(layer.blobs):
+                raise NetError("incompatible number of blobs for layer '%s'" % name)
+            for j, blob in enumerate(source.blobs):
+                if blob.shape != layer.blobs[j].shape:
+                    raise NetError("cannot share param %d of layer '%s': shape %s vs. %s"
+                                   % (j, name, blob.shape, layer.blobs[j].shape))
+                layer.blobs[j] = blob
+        self.learnable_params = [self._param_blob(i) for i in range(len(self.learnable_params))]
+
+    def _param_blob(self, learnable_id):
+        net_param_id = self.learnable_param_ids.index(learnable_id)
+        layer_id, param_id = self.param_layer_index[net_param_id]
+        return self.layers[layer_id].blobs[param_id]

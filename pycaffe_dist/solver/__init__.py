@@ -1,0 +1,1 @@
+"""Solvers: the training loop, the update rules and the learning-rate policies."""

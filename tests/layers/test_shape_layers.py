@@ -1,0 +1,340 @@
+"""Setup and shapes of the layers of pycaffe_dist/layers/shape.py against Caffe."""
+import numpy as np
+import pytest
+
+from pycaffe_dist.errors import NetError
+from pycaffe_dist.io.prototxt import parse_text
+from pycaffe_dist.layers import create_layer
+from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.proto import caffe_pb2
+from tests.layers.golden_shapes import cases_of, check_case_shapes
+
+SHAPE_TYPES = ["Split", "Concat", "Slice", "Flatten", "Reshape", "Crop", "Tile", "Eltwise", "Silence", "BatchReindex",
+               "Filter", "ArgMax", "Reduction", "Softmax", "Scale", "Bias", "Parameter"]
+
+
+def make(text, *bottom_shapes, ntop=1):
+    lp = parse_text('name: "l" ' + text, caffe_pb2.LayerParameter())
+    lp.bottom.extend("b%d" % i for i in range(len(bottom_shapes)))
+    bottom = [Blob(s) for s in bottom_shapes]
+    top = [Blob() for _ in range(ntop)]
+    layer = create_layer(lp, caffe_pb2.TRAIN)
+    layer.setup(bottom, top)
+    return layer, bottom, top
+
+
+def tops(text, *bottom_shapes, ntop=1):
+    return [t.shape for t in make(text, *bottom_shapes, ntop=ntop)[2]]
+
+
+def fails(match, text, *bottom_shapes, ntop=1):
+    with pytest.raises(NetError, match=match):
+        make(text, *bottom_shapes, ntop=ntop)
+
+
+@pytest.mark.parametrize("name", cases_of(*SHAPE_TYPES))
+def test_golden_shapes(name):
+    check_case_shapes(name)
+
+
+def test_no_params_and_no_flops_for_data_movement():
+    for text, shapes, ntop in [('type: "Split"', [(2, 3)], 3), ('type: "Concat"', [(2, 3), (2, 4)], 1),
+                               ('type: "Slice"', [(2, 4)], 2), ('type: "Flatten"', [(2, 3, 4)], 1),
+                               ('type: "Reshape" reshape_param { shape { dim: -1 } }', [(2, 3)], 1),
+                               ('type: "Tile" tile_param { tiles: 2 }', [(2, 3)], 1)]:
+        layer, bottom, top = make(text, *shapes, ntop=ntop)
+        assert layer.blobs == [] and layer.flops(bottom, top) == 0 and not layer.is_loss
+
+
+# --- Split -------------------------------------------------------------------------------------------------
+
+def test_split():
+    assert tops('type: "Split"', (2, 3, 4), ntop=3) == [(2, 3, 4)] * 3
+    lp = parse_text('name: "l" type: "Split"', caffe_pb2.LayerParameter())
+    blob = Blob((2, 3))
+    with pytest.raises(NetError, match="in-place"):
+        create_layer(lp).setup([blob], [Blob(), blob])
+
+
+# --- Concat ------------------------------------------------------------------------------------------------
+
+def test_concat_axes():
+    assert tops('type: "Concat"', (2, 3, 4), (2, 5, 4)) == [(2, 8, 4)]
+    assert tops('type: "Concat" concat_param { axis: -1 }', (2, 3, 4), (2, 3, 1), (2, 3, 2)) == [(2, 3, 7)]
+    assert tops('type: "Concat" concat_param { concat_dim: 0 }', (2, 3), (5, 3)) == [(7, 3)]
+    assert tops('type: "Concat"', (2, 3, 4)) == [(2, 3, 4)]       # one bottom: a copy
+
+
+def test_concat_errors():
+    fails("same shape, except at concat_axis", 'type: "Concat"', (2, 3, 4), (2, 5, 5))
+    fails("same #axes", 'type: "Concat"', (2, 3, 4), (2, 3))
+    fails("not both", 'type: "Concat" concat_param { axis: 1 concat_dim: 1 }', (2, 3), (2, 3))
+    fails("concat_dim out of range", 'type: "Concat" concat_param { concat_dim: 2 }', (2, 3), (2, 3))
+    fails("out of range", 'type: "Concat" concat_param { axis: 2 }', (2, 3), (2, 3))
+
+
+# --- Slice -------------------------------------------------------------------------------------------------
+
+def test_slice_points_and_even():
+    assert tops('type: "Slice" slice_param { slice_point: 1 slice_point: 4 }', (2, 6, 3), ntop=3) == \
+        [(2, 1, 3), (2, 3, 3), (2, 2, 3)]
+    assert tops('type: "Slice" slice_param { axis: 0 }', (6, 2), ntop=3) == [(2, 2)] * 3
+    assert tops('type: "Slice" slice_param { slice_dim: 0 slice_point: 2 }', (6, 2), ntop=2) == [(2, 2), (4, 2)]
+    assert tops('type: "Slice" slice_param { axis: -1 }', (2, 6), ntop=2) == [(2, 3), (2, 3)]
+
+
+def test_slice_errors():
+    fails("evenly divide", 'type: "Slice"', (2, 5), ntop=2)
+    fails("once per top", 'type: "Slice" slice_param { slice_point: 1 slice_point: 2 }', (2, 6), ntop=2)
+    fails("strictly increasing", 'type: "Slice" slice_param { slice_point: 3 slice_point: 2 }', (2, 6), ntop=3)
+    fails("strictly increasing", 'type: "Slice" slice_param { slice_point: 0 }', (2, 6), ntop=2)
+    fails("past the end", 'type: "Slice" slice_param { slice_point: 6 }', (2, 6), ntop=2)
+    fails("past the end", 'type: "Slice" slice_param { slice_point: 9 }', (2, 6), ntop=2)
+    fails("more tops", 'type: "Slice" slice_param { slice_point: 1 slice_point: 2 }', (2, 2), ntop=3)
+    fails("not both", 'type: "Slice" slice_param { axis: 1 slice_dim: 1 }', (2, 6), ntop=2)
+    fails("slice_dim out of range", 'type: "Slice" slice_param { slice_dim: 2 }', (2, 6), ntop=2)
+
+
+# --- Flatten -----------------------------------------------------------------------------------------------
+
+def test_flatten():
+    assert tops('type: "Flatten"', (2, 3, 4, 5)) == [(2, 60)]
+    assert tops('type: "Flatten" flatten_param { axis: 1 end_axis: 2 }', (2, 3, 4, 5)) == [(2, 12, 5)]
+    assert tops('type: "Flatten" flatten_param { axis: 0 }', (2, 3)) == [(6,)]
+    assert tops('type: "Flatten" flatten_param { axis: 2 end_axis: 2 }', (2, 3, 4)) == [(2, 3, 4)]
+    fails("must not come before", 'type: "Flatten" flatten_param { axis: 2 end_axis: 1 }', (2, 3, 4))
+    fails("out of range", 'type: "Flatten" flatten_param { axis: 3 }', (2, 3, 4))
+
+
+# --- Reshape -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("param,bottom,expect", [
+    ("shape { dim: 0 dim: -1 }", (2, 3, 4, 5), (2, 60)),
+    ("shape { dim: -1 dim: 0 }", (2, 3, 4, 5), (40, 3)),
+    ("shape { dim: 0 dim: 0 dim: -1 dim: 5 }", (2, 3, 4, 5), (2, 3, 4, 5)),
+    ("shape { dim: 6 dim: -1 }", (2, 3, 4, 5), (6, 20)),
+    ("shape { dim: -1 }", (2, 3, 4, 5), (120,)),
+    ("shape { dim: 0 dim: 3 dim: 20 }", (2, 3, 4, 5), (2, 3, 20)),
+    ("shape { dim: -1 } axis: 1 num_axes: 2", (2, 3, 4, 5), (2, 12, 5)),
+    ("shape { dim: 1 dim: 1 } axis: 1 num_axes: 0", (2, 3), (2, 1, 1, 3)),       # insert axes
+    ("shape { dim: 1 } axis: -1 num_axes: 0", (2, 3), (2, 3, 1)),                # append an axis
+    ("shape { dim: 1 } axis: 0 num_axes: 0", (2, 3), (1, 2, 3)),
+    ("shape { dim: 0 dim: -1 } axis: 1", (2, 3, 4, 5), (2, 3, 20)),              # 0 copies bottom axis 1
+    ("shape { } axis: 1 num_axes: 1", (2, 1, 3), (2, 3)),                        # drop a unit axis
+    ("shape { dim: -1 dim: 0 } axis: -3 num_axes: 2", (2, 3, 4, 5), (2, 3, 4, 5)),
+])
+def test_reshape_rules(param, bottom, expect):
+    assert tops('type: "Reshape" reshape_param { %s }' % param, bottom) == [expect]
+
+
+@pytest.mark.parametrize("param,bottom,match", [
+    ("shape { dim: -1 dim: -1 }", (2, 3), "only one dimension can be inferred"),
+    ("shape { dim: 0 dim: 0 dim: 0 }", (2, 3), "no corresponding bottom axis to copy"),
+    ("shape { dim: 0 dim: 0 } axis: 1", (2, 3), "no corresponding bottom axis to copy"),
+    ("shape { dim: 7 dim: -1 }", (2, 3, 4), "must be divisible"),
+    ("shape { dim: 5 dim: 5 }", (2, 3, 4), "output count must match input count"),
+    ("shape { dim: 0 dim: 5 }", (2, 3, 4), "output count must match input count"),
+    ("shape { dim: -1 } axis: 4", (2, 3, 4), "out of range"),
+    ("shape { dim: -1 } axis: -5", (2, 3, 4), "out of range"),
+    ("shape { dim: -1 } axis: 1 num_axes: 3", (2, 3, 4), "end_axis = axis \\+ num_axes is out of range"),
+    ("shape { dim: -1 } num_axes: -2", (2, 3, 4), "num_axes must be >= 0, or -1"),
+    ("shape { dim: -2 dim: 12 }", (2, 3, 4), "negative dimension"),
+    ("shape { dim: 0 dim: -1 }", (0, 3), "divisible"),
+])
+def test_reshape_errors(param, bottom, match):
+    fails(match, 'type: "Reshape" reshape_param { %s }' % param, bottom)
+
+
+def test_reshape_refuses_in_place():
+    lp = parse_text('name: "l" type: "Reshape" reshape_param { shape { dim: -1 } }', caffe_pb2.LayerParameter())
+    blob = Blob((2, 3))
+    with pytest.raises(NetError, match="in-place"):
+        create_layer(lp).setup([blob], [blob])
+
+
+# --- Crop --------------------------------------------------------------------------------------------------
+
+def test_crop():
+    assert tops('type: "Crop"', (2, 3, 8, 8), (1, 1, 5, 6)) == [(2, 3, 5, 6)]
+    layer, _, top = make('type: "Crop" crop_param { axis: 1 offset: 1 offset: 2 offset: 3 }',
+                         (2, 3, 8, 8), (2, 2, 4, 5))
+    assert top[0].shape == (2, 2, 4, 5) and layer.offsets == [0, 1, 2, 3]
+    layer, _, top = make('type: "Crop" crop_param { axis: -2 offset: 3 }', (2, 3, 8, 8), (1, 1, 5, 5))
+    assert top[0].shape == (2, 3, 5, 5) and layer.offsets == [0, 0, 3, 3]
+
+
+def test_crop_errors():
+    fails("out-of-bounds", 'type: "Crop" crop_param { offset: 4 }', (2, 3, 8, 8), (1, 1, 5, 5))
+    fails("out-of-bounds", 'type: "Crop"', (2, 3, 8, 8), (1, 1, 9, 5))
+    fails("out-of-bounds", 'type: "Crop" crop_param { offset: 0 offset: 4 }', (2, 3, 8, 8), (1, 1, 5, 5))
+    fails("number of crop values", 'type: "Crop" crop_param { offset: 1 offset: 1 offset: 1 }',
+          (2, 3, 8, 8), (1, 1, 5, 5))
+    fails("out of range", 'type: "Crop" crop_param { axis: 4 }', (2, 3, 8, 8), (1, 1, 5, 5))
+    fails("fewer axes", 'type: "Crop"', (2, 3, 8, 8), (5, 5))
+    fails("exactly 2 bottom", 'type: "Crop"', (2, 3, 8, 8))
+
+
+# --- Tile --------------------------------------------------------------------------------------------------
+
+def test_tile():
+    assert tops('type: "Tile" tile_param { tiles: 3 }', (2, 3, 4)) == [(2, 9, 4)]
+    assert tops('type: "Tile" tile_param { axis: -1 tiles: 2 }', (2, 3, 4)) == [(2, 3, 8)]
+    fails("must be specified", 'type: "Tile"', (2, 3))
+    fails("must be positive", 'type: "Tile" tile_param { tiles: 0 }', (2, 3))
+    fails("out of range", 'type: "Tile" tile_param { axis: 2 tiles: 2 }', (2, 3))
+
+
+# --- Eltwise -----------------------------------------------------------------------------------------------
+
+def test_eltwise():
+    assert tops('type: "Eltwise"', (2, 3), (2, 3), (2, 3)) == [(2, 3)]
+    layer, bottom, top = make('type: "Eltwise"', (2, 3), (2, 3))
+    assert layer.flops(bottom, top) == 6
+    layer, bottom, top = make('type: "Eltwise" eltwise_param { coeff: 1 coeff: -1 }', (2, 3), (2, 3))
+    assert layer.flops(bottom, top) == 18
+    layer, bottom, top = make('type: "Eltwise" eltwise_param { operation: MAX }', (2, 3), (2, 3), (2, 3))
+    assert layer.flops(bottom, top) == 12
+
+
+def test_eltwise_errors():
+    fails("one coefficient per bottom", 'type: "Eltwise" eltwise_param { coeff: 1 }', (2, 3), (2, 3))
+    fails("one coefficient per bottom", 'type: "Eltwise" eltwise_param { coeff: 1 coeff: 2 coeff: 3 }',
+          (2, 3), (2, 3))
+    fails("only takes coefficients for summation",
+          'type: "Eltwise" eltwise_param { operation: PROD coeff: 1 coeff: 2 }', (2, 3), (2, 3))
+    fails("same shape", 'type: "Eltwise"', (2, 3), (3, 2))
+    fails("same shape", 'type: "Eltwise"', (2, 3), (2, 3, 1))
+    fails("at least 2 bottom", 'type: "Eltwise"', (2, 3))
+    fails("exactly 1 top", 'type: "Eltwise" eltwise_param { operation: MAX }', (2, 3), (2, 3), ntop=2)
+
+
+# --- Silence, BatchReindex, Filter ---------------------------------------------------------------------------
+
+def test_silence():
+    layer, _, top = make('type: "Silence"', (2, 3), (4,), ntop=0)
+    assert top == [] and layer.has_backward
+    fails("exactly 0 top", 'type: "Silence"', (2, 3), ntop=1)
+    fails("at least 1 bottom", 'type: "Silence"', ntop=0)
+
+
+def test_batch_reindex():
+    layer, _, top = make('type: "BatchReindex"', (5, 3, 4), (7,))
+    assert top[0].shape == (7, 3, 4)
+    assert layer.allow_force_backward(0) and not layer.allow_force_backward(1)
+    fails("1 axis", 'type: "BatchReindex"', (5, 3, 4), (7, 1))
+
+
+def test_filter():
+    layer, bottom, top = make('type: "Filter"', (4, 3, 2), (4, 5), (4, 1, 1), ntop=2)
+    assert [t.shape for t in top] == [(4, 3, 2), (4, 5)]          # the first reshape keeps the whole batch
+    assert layer.allow_force_backward(0) and layer.allow_force_backward(1) and not layer.allow_force_backward(2)
+    bottom[2].data[...] = np.array([1, 0, 1, 1], np.float32).reshape(4, 1, 1)
+    layer.reshape(bottom, top)                                     # later reshapes read the selector
+    assert [t.shape for t in top] == [(3, 3, 2), (3, 5)]
+
+
+def test_filter_errors():
+    fails("bottom.size\\(\\) - 1", 'type: "Filter"', (4, 3), (4,), ntop=2)
+    fails("singletons", 'type: "Filter"', (4, 3), (4, 2))
+    fails("same 0th dimension", 'type: "Filter"', (4, 3), (3, 1))
+
+
+# --- ArgMax ------------------------------------------------------------------------------------------------
+
+def test_argmax_shapes():
+    assert tops('type: "ArgMax"', (2, 10)) == [(2, 1, 1)]
+    assert tops('type: "ArgMax" argmax_param { out_max_val: true top_k: 3 }', (2, 10)) == [(2, 2, 3)]
+    assert tops('type: "ArgMax" argmax_param { top_k: 4 }', (2, 3, 4, 5)) == [(2, 1, 4, 1)]
+    assert tops('type: "ArgMax"', (2, 3, 4, 5, 6)) == [(2, 1, 1, 1, 1)]
+    assert tops('type: "ArgMax" argmax_param { axis: 1 top_k: 2 out_max_val: true }', (2, 5, 3)) == [(2, 2, 3)]
+    assert tops('type: "ArgMax" argmax_param { axis: -1 }', (2, 5, 3)) == [(2, 5, 1)]
+    assert make('type: "ArgMax"', (2, 10))[0].has_backward is False
+
+
+def test_argmax_errors():
+    fails("top_k must be less than or equal to the dimension of the axis",
+          'type: "ArgMax" argmax_param { axis: 1 top_k: 6 }', (2, 5, 3))
+    fails("flattened bottom blob per instance", 'type: "ArgMax" argmax_param { top_k: 16 }', (2, 5, 3))
+    fails("top k must not be less than 1", 'type: "ArgMax" argmax_param { top_k: 0 }', (2, 5))
+    fails("out of range", 'type: "ArgMax" argmax_param { axis: 3 }', (2, 5, 3))
+
+
+# --- Reduction, Softmax ---------------------------------------------------------------------------------------
+
+def test_reduction():
+    assert tops('type: "Reduction"', (2, 3, 4)) == [()]
+    assert tops('type: "Reduction" reduction_param { axis: 1 }', (2, 3, 4)) == [(2,)]
+    assert tops('type: "Reduction" reduction_param { axis: -1 operation: MEAN }', (2, 3, 4)) == [(2, 3)]
+    layer, bottom, top = make('type: "Reduction" reduction_param { operation: SUMSQ axis: 1 }', (2, 3, 4))
+    assert layer.flops(bottom, top) == 48
+    fails("out of range", 'type: "Reduction" reduction_param { axis: 3 }', (2, 3, 4))
+
+
+def test_softmax():
+    layer, bottom, top = make('type: "Softmax" softmax_param { axis: -1 }', (2, 3, 4))
+    assert top[0].shape == (2, 3, 4) and layer.axis == 2 and layer.flops(bottom, top) > 0
+    fails("out of range", 'type: "Softmax" softmax_param { axis: 3 }', (2, 3, 4))
+
+
+# --- Scale, Bias, Parameter -------------------------------------------------------------------------------------
+
+def test_scale_learned_blobs_and_fillers():
+    layer, bottom, top = make('type: "Scale"', (2, 3, 4, 5))
+    assert top[0].shape == (2, 3, 4, 5) and [b.shape for b in layer.blobs] == [(3,)]
+    np.testing.assert_array_equal(layer.blobs[0].data, np.ones(3, np.float32))        # default filler: 1
+    layer, bottom, top = make('type: "Scale" scale_param { axis: 1 num_axes: -1 bias_term: true '
+                              'filler { type: "constant" value: 3 } }', (2, 3, 4))
+    assert [b.shape for b in layer.blobs] == [(3, 4), (3, 4)]
+    assert np.all(layer.blobs[0].data == 3) and np.all(layer.blobs[1].data == 0)     # bias default: 0
+    assert layer.flops(bottom, top) == 48
+    layer, _, _ = make('type: "Scale" scale_param { num_axes: 0 bias_term: true }', (2, 3))
+    assert [b.shape for b in layer.blobs] == [(), ()]
+    layer, _, _ = make('type: "Scale" scale_param { axis: -2 num_axes: 2 }', (2, 3, 4))
+    assert [b.shape for b in layer.blobs] == [(3, 4)]
+
+
+def test_scale_two_bottoms():
+    layer, _, top = make('type: "Scale"', (2, 3, 4), (3,))
+    assert top[0].shape == (2, 3, 4) and layer.blobs == []
+    layer, _, top = make('type: "Scale" scale_param { axis: 0 bias_term: true }', (2, 3, 4), (2, 3))
+    assert [b.shape for b in layer.blobs] == [(2, 3)]
+    layer, _, _ = make('type: "Scale"', (2, 3, 4), ())          # a scalar scale applies everywhere
+    assert layer.axis == 0
+
+
+def test_scale_errors():
+    fails("dimension mismatch", 'type: "Scale"', (2, 3, 4), (4,))
+    fails("extends past", 'type: "Scale" scale_param { axis: 2 }', (2, 3, 4), (4, 1))
+    fails("extends past", 'type: "Scale" scale_param { axis: 2 num_axes: 2 }', (2, 3, 4))
+    fails("num_axes must be non-negative", 'type: "Scale" scale_param { num_axes: -2 }', (2, 3, 4))
+    fails("at most 2 bottom", 'type: "Scale"', (2, 3), (3,), (3,))
+
+
+def test_scale_keeps_blobs_of_the_layer_parameter():
+    layer, _, _ = make('type: "Scale" scale_param { bias_term: true } '
+                       'blobs { shape { dim: 2 } data: 5 data: 6 } blobs { shape { dim: 2 } data: 7 data: 8 }', (1, 2))
+    np.testing.assert_array_equal(layer.blobs[0].data, [5, 6])
+    np.testing.assert_array_equal(layer.blobs[1].data, [7, 8])
+    fails("dimension mismatch", 'type: "Scale" blobs { shape { dim: 3 } data: 5 data: 6 data: 7 }', (1, 2))
+    fails("expected 2 parameter blob", 'type: "Scale" scale_param { bias_term: true } '
+          'blobs { shape { dim: 2 } data: 5 data: 6 }', (1, 2))
+
+
+def test_bias():
+    layer, _, top = make('type: "Bias"', (2, 3, 4))
+    assert top[0].shape == (2, 3, 4) and [b.shape for b in layer.blobs] == [(3,)]
+    assert np.all(layer.blobs[0].data == 0)
+    layer, _, _ = make('type: "Bias" bias_param { axis: 0 num_axes: -1 filler { type: "constant" value: 2 } }',
+                       (2, 3))
+    assert [b.shape for b in layer.blobs] == [(2, 3)] and np.all(layer.blobs[0].data == 2)
+    layer, _, top = make('type: "Bias"', (2, 3, 4), (3, 4))
+    assert layer.blobs == [] and top[0].shape == (2, 3, 4)
+    fails("dimension mismatch", 'type: "Bias"', (2, 3, 4), (4,))
+    fails("extends past", 'type: "Bias" bias_param { axis: 2 num_axes: 2 }', (2, 3, 4))
+
+
+def test_parameter():
+    layer, bottom, top = make('type: "Parameter" parameter_param { shape { dim: 3 dim: 4 } }', ntop=1)
+    assert top[0].shape == (3, 4) and [b.shape for b in layer.blobs] == [(3, 4)]
+    assert np.all(layer.blobs[0].data == 0)
+    fails("exactly 0 bottom", 'type: "Parameter" parameter_param { shape { dim: 3 } }', (3,))

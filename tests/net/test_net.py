@@ -1,0 +1,223 @@
+"""The Net graph against Caffe: golden nets' blob and param shapes, splits, sharing, backward needs, errors."""
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from pycaffe_dist.errors import NetError
+from pycaffe_dist.io.load import read_net
+from pycaffe_dist.io.prototxt import parse_text
+from pycaffe_dist.net.net import Net
+from pycaffe_dist.proto import caffe_pb2
+from tests.conftest import GOLDEN, ZOO, load_npz
+
+TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
+
+
+def net_from_text(text, phase=TRAIN, **kw):
+    return Net(parse_text(textwrap.dedent(text), caffe_pb2.NetParameter()), phase=phase, **kw)
+
+
+def blob_shapes(net):
+    return {n: net.blob_by_name(n).shape for n in net.blob_names}
+
+
+@pytest.mark.parametrize("case", ["lenet", "cifar10_quick"])
+def test_golden_net_shapes_and_weights(case):
+    d = GOLDEN / "nets" / case
+    net = Net(read_net(d / "net.prototxt"), phase=TRAIN)
+    shapes = blob_shapes(net)
+    for name, value in load_npz(d / "forward.npz").items():
+        assert shapes[name] == value.shape, name
+    params = load_npz(d / "params.npz")
+    from pycaffe_dist.io.binaryproto import read_net_binary
+    net.copy_trained_layers_from(read_net_binary(d / "weights.caffemodel"))
+    for key, value in params.items():
+        _, layer, index = key.split("/")
+        blob = net.layers[net.layer_index(layer)].blobs[int(index)]
+        np.testing.assert_array_equal(blob.data, value)
+    test_net = Net(read_net(d / "net.prototxt"), phase=TEST)
+    test_shapes = blob_shapes(test_net)
+    for name, value in load_npz(d / "test_outputs.npz").items():
+        assert test_shapes[name] == value.shape, name
+
+
+def test_lenet_test_phase_inserts_caffe_named_splits():
+    net = Net(read_net(GOLDEN / "nets" / "lenet" / "net.prototxt"), phase=TEST)
+    # label feeds accuracy and loss; ip2 too: Caffe names the splits after blob, producer and top index.
+    assert "label_mnist_1_split" in net.layer_names and "ip2_ip2_0_split" in net.layer_names
+    split = net.layers[net.layer_index("label_mnist_1_split")]
+    assert split.type == "Split" and list(split.param.top) == ["label_mnist_1_split_0", "label_mnist_1_split_1"]
+    assert net.outputs == ["accuracy", "loss"]
+
+
+@pytest.mark.parametrize("case", ["squeezenet_v1.1", "resnet50_kaiminghe"])
+def test_zoo_forward_deploy_shapes(case):
+    d = GOLDEN / "nets" / "zoo_forward" / case
+    meta = json.loads((d / "case.json").read_text())
+    net = Net(read_net(d / "net.prototxt"), phase=TEST)
+    shapes = blob_shapes(net)
+    for name, info in meta["outputs"]["blobs"].items():
+        assert shapes[name] == tuple(info["shape"]), name
+    for name, value in load_npz(d / "outputs.npz").items():
+        assert shapes[name] == value.shape
+    fingerprint = json.loads((d / "param_fingerprint.json").read_text())
+    for key, info in fingerprint.items():
+        layer, index = key.rsplit("/", 1)
+        layer_obj = net.layers[net.layer_index(layer)]
+        assert layer_obj.type == info["type"]
+        assert layer_obj.blobs[int(index)].shape == tuple(info["shape"]), key
+    assert sum(b.count for b in net.param_blobs) == meta["weights"]["param_count"]
+
+
+def test_in_place_layers_share_the_blob():
+    net = net_from_text("""
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "relu" type: "ReLU" bottom: "x" top: "x" }
+        layer { name: "sig" type: "Sigmoid" bottom: "x" top: "y" }
+    """)
+    assert net.top_ids[1] == net.bottom_ids[1]
+    assert net.blob_names == ["x", "y"] and net.outputs == ["y"] and [net.blob_names[i] for i in net.input_ids] == ["x"]
+
+
+SHARED = """
+    layer { name: "in" type: "Input" top: "a" top: "b" input_param { shape { dim: 4 dim: 5 } } }
+    layer { name: "ip_a" type: "InnerProduct" bottom: "a" top: "fa"
+            param { name: "w" lr_mult: 1 } param { name: "bias" }
+            inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+    layer { name: "ip_b" type: "InnerProduct" bottom: "b" top: "fb"
+            param { name: "w" %s } param { name: "bias" }
+            inner_product_param { num_output: %d } }
+    layer { name: "loss" type: "EuclideanLoss" bottom: "fa" bottom: "fb" top: "loss" }
+"""
+
+
+def test_weight_sharing_by_param_name():
+    net = net_from_text(SHARED % ("", 3))
+    a, b = net.layers[net.layer_index("ip_a")], net.layers[net.layer_index("ip_b")]
+    assert a.blobs[0] is b.blobs[0] and a.blobs[1] is b.blobs[1]
+    assert len(net.learnable_params) == 2 and net.learnable_param_ids == [0, 1, 0, 1]
+    assert net.param_owner == [-1, -1, 0, 1]
+
+
+def test_weight_sharing_shape_mismatch_names_both_layers():
+    with pytest.raises(NetError, match=r"cannot share param 'w' owned by layer 'ip_a' with layer 'ip_b'; shape "
+                                       r"mismatch. Owner layer param shape is \(3, 5\); sharing layer expects "
+                                       r"shape \(4, 5\)"):
+        net_from_text(SHARED % ("", 4))
+
+
+def test_weight_sharing_mismatched_lr_mult():
+    with pytest.raises(NetError, match="shared param 'w' has mismatched lr_mult"):
+        net_from_text(SHARED % ("lr_mult: 2", 3))
+    net = net_from_text(SHARED % ("lr_mult: 1 decay_mult: 3", 3))   # owner left decay_mult unset: adopted
+    assert net.params_weight_decay[0] == 3
+
+
+def test_zoo_siamese_net_shares_weights():
+    net = Net(read_net(ZOO / "bvlc" / "examples" / "siamese" / "mnist_siamese.prototxt"), phase=TEST)
+    assert net.layers[net.layer_index("conv1")].blobs  # deploy half of the siamese pair
+    # the train/test net shares conv1_w etc. between the two towers; build its graph with Input data instead
+    param = read_net(ZOO / "bvlc" / "examples" / "siamese" / "mnist_siamese_train_test.prototxt")
+    data = [l for l in param.layer if l.type == "Data"]
+    for layer in data:
+        layer.type = "Input"
+        layer.input_param.shape.add().dim.extend([64, 2, 28, 28])
+        layer.input_param.shape.add().dim.extend([64])
+        layer.ClearField("data_param")
+        layer.ClearField("transform_param")
+    net = Net(param, phase=TRAIN)
+    conv1, conv1_p = net.layers[net.layer_index("conv1")], net.layers[net.layer_index("conv1_p")]
+    assert conv1.blobs[0] is conv1_p.blobs[0]
+    assert len(net.learnable_params) == len(net.param_blobs) // 2
+
+
+def test_backward_needs_follow_caffe():
+    net = net_from_text("""
+        force_backward: false
+        layer { name: "in" type: "Input" top: "x" top: "label" input_param { shape { dim: 4 dim: 6 } shape { dim: 4 } } }
+        layer { name: "frozen" type: "InnerProduct" bottom: "x" top: "h" param { lr_mult: 0 } param { lr_mult: 0 }
+                inner_product_param { num_output: 5 } }
+        layer { name: "ip" type: "InnerProduct" bottom: "h" top: "out" inner_product_param { num_output: 3 } }
+        layer { name: "side" type: "InnerProduct" bottom: "h" top: "unused" inner_product_param { num_output: 2 } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "out" bottom: "label" top: "loss" }
+    """)
+    need = dict(zip(net.layer_names, net.layer_need_backward))
+    # frozen and its split: nothing below them learns; side: does not lead to the loss
+    assert need == {"in": False, "frozen": False, "h_frozen_0_split": False, "ip": True, "side": False, "loss": True}
+    assert net.bottom_need_backward[net.layer_index("loss")] == [True, False]
+    assert net.bottom_need_backward[net.layer_index("ip")] == [False]
+    assert net.outputs == ["unused", "loss"]
+
+
+def test_force_backward_and_propagate_down():
+    text = """
+        force_backward: %s
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" %s inner_product_param { num_output: 2 } }
+        layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "y2" top: "l" }
+        layer { name: "in2" type: "Input" top: "y2" input_param { shape { dim: 2 dim: 2 } } }
+    """
+    with pytest.raises(NetError, match="unknown bottom blob 'y2'"):
+        net_from_text(text % ("false", ""))
+    text = text.replace('layer { name: "in2"', '#').replace('bottom: "y2"', 'bottom: "x2"')
+    text = text.replace('top: "x" input_param { shape { dim: 2 dim: 3 } } }',
+                        'top: "x" top: "x2" input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 2 } } }')
+    net = net_from_text(text % ("true", ""))
+    assert net.bottom_need_backward[net.layer_index("ip")] == [True]
+    net = net_from_text(text % ("false", "propagate_down: false"))
+    assert net.bottom_need_backward[net.layer_index("ip")] == [False]
+    with pytest.raises(NetError, match="propagate_down must be given once per bottom"):
+        net_from_text(text % ("false", "propagate_down: false propagate_down: true"))
+
+
+def test_loss_weight_on_shared_top_goes_through_split():
+    net = net_from_text("""
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "r" type: "ReLU" bottom: "x" top: "y" loss_weight: 2 }
+        layer { name: "s" type: "Sigmoid" bottom: "y" top: "z" }
+    """)
+    split = net.layers[net.layer_index("y_r_0_split")]
+    assert list(split.param.loss_weight) == [2.0, 0.0]
+    assert net.layers[net.layer_index("r")].loss_weights == [0.0]
+    assert np.all(net.blob_by_name("y_r_0_split_0").diff == 2.0)   # Caffe keeps the loss weight in the diff
+
+
+@pytest.mark.parametrize("text, message", [
+    ('layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 1 } } }'
+     'layer { name: "b" type: "Input" top: "x" input_param { shape { dim: 1 } } }',
+     "top blob 'x' produced by multiple sources"),
+    ('layer { name: "b" type: "ReLU" bottom: "nope" top: "y" }', "unknown bottom blob 'nope'"),
+    ('layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 1 } } include { phase: TRAIN } '
+     'exclude { phase: TEST } }', "either include rules or exclude rules"),
+    ('layer { name: "m" type: "MyFancyLayer" }', "unknown layer type: 'MyFancyLayer'"),
+    ('layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }'
+     'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" param {} param {} param {} '
+     'inner_product_param { num_output: 2 } }', "too many params specified"),
+])
+def test_graph_errors(text, message):
+    with pytest.raises(NetError, match=message):
+        net_from_text(text)
+
+
+def test_state_rules_level_and_stages():
+    text = """
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }
+        layer { name: "lv" type: "ReLU" bottom: "x" top: "a" include { min_level: 2 } }
+        layer { name: "st" type: "ReLU" bottom: "x" top: "b" include { stage: "deploy" } }
+        layer { name: "ns" type: "ReLU" bottom: "x" top: "c" exclude { not_stage: "deploy" } }
+        layer { name: "ph" type: "ReLU" bottom: "x" top: "d" include { phase: TRAIN } }
+    """
+    assert net_from_text(text, TEST).layer_names == ["in"]
+    net = net_from_text(text, TRAIN, level=2, stages=["deploy"])
+    assert set(net.layer_names) >= {"lv", "st", "ns", "ph"}
+
+
+def test_net_state_in_prototxt_is_merged():
+    net = net_from_text("""
+        state { stage: "deploy" }
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }
+        layer { name: "st" type: "ReLU" bottom: "x" top: "b" include { stage: "deploy" } }
+    """)
+    assert "st" in net.layer_names

@@ -1,0 +1,85 @@
+"""The pycaffe interface: a pycaffe script runs unchanged but for its import; Net's constructor forms,
+dictionaries, copy_from errors and save/load round trips."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pycaffe_dist as caffe
+from pycaffe_dist.errors import ModelFileError, NetError
+from tests.conftest import GOLDEN, REPO, ZOO, load_npz
+
+LENET_DEPLOY = ZOO / "bvlc" / "examples" / "mnist" / "lenet.prototxt"
+LENET_WEIGHTS = GOLDEN / "nets" / "lenet" / "weights.caffemodel"
+
+
+def test_net_surgery_script_runs_unchanged(tmp_path):
+    script = REPO / "tests" / "scripts" / "net_surgery_lenet.py"
+    run = subprocess.run([sys.executable, str(script), str(LENET_DEPLOY), str(LENET_WEIGHTS), str(tmp_path)],
+                         capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr
+    assert "ip1 weights are (500, 800) dimensional and biases are (500,) dimensional" in run.stdout
+    assert "ip-conv1 weights are (500, 50, 4, 4) dimensional" in run.stdout
+    assert "output shape (1, 10, 4, 4)" in run.stdout and "surgery ok" in run.stdout
+    assert (tmp_path / "lenet_full_conv.caffemodel").stat().st_size > 4 * 430000
+
+
+@pytest.mark.parametrize("make", [
+    lambda: caffe.Net(str(LENET_DEPLOY), caffe.TEST),
+    lambda: caffe.Net(str(LENET_DEPLOY), caffe.TEST, weights=str(LENET_WEIGHTS)),
+    lambda: caffe.Net(str(LENET_DEPLOY), str(LENET_WEIGHTS), caffe.TEST),
+    lambda: caffe.Net(network_file=str(LENET_DEPLOY), phase=caffe.TEST),
+    lambda: caffe.Net(LENET_DEPLOY, phase=caffe.TEST, weights=LENET_WEIGHTS),
+])
+def test_constructor_forms(make):
+    net = make()
+    assert list(net.params) == ["conv1", "conv2", "ip1", "ip2"]
+    assert net.inputs == ["data"] and net.outputs == ["prob"]
+    assert net.blobs["data"].data.shape == (64, 1, 28, 28)
+
+
+def test_weights_load_exactly_and_save_round_trips(tmp_path):
+    net = caffe.Net(str(LENET_DEPLOY), str(LENET_WEIGHTS), caffe.TEST)
+    params = load_npz(GOLDEN / "nets" / "lenet" / "params.npz")
+    np.testing.assert_array_equal(net.params["ip1"][0].data, params["param/ip1/0"])
+    net.save(str(tmp_path / "copy.caffemodel"))
+    again = caffe.Net(str(LENET_DEPLOY), caffe.TEST, weights=str(tmp_path / "copy.caffemodel"))
+    for name in net.params:
+        for a, b in zip(net.params[name], again.params[name]):
+            np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_copy_from_shape_mismatch_names_layer_and_shapes(tmp_path):
+    text = LENET_DEPLOY.read_text().replace("num_output: 500", "num_output: 300")
+    (tmp_path / "lenet300.prototxt").write_text(text)
+    net = caffe.Net(str(tmp_path / "lenet300.prototxt"), caffe.TEST)
+    with pytest.raises(NetError, match=r"layer 'ip1'; shape mismatch. Source param shape is \(500, 800\); "
+                                       r"target param shape is \(300, 800\)"):
+        net.copy_from(str(LENET_WEIGHTS))
+
+
+def test_copy_from_bad_files(tmp_path):
+    net = caffe.Net(str(LENET_DEPLOY), caffe.TEST)
+    truncated = tmp_path / "cut.caffemodel"
+    truncated.write_bytes(LENET_WEIGHTS.read_bytes()[:5000])
+    with pytest.raises(ModelFileError, match="cut.caffemodel: is not a Caffe model .* or is truncated"):
+        net.copy_from(str(truncated))
+    with pytest.raises(ModelFileError, match="no such file"):
+        net.copy_from(str(tmp_path / "missing.caffemodel"))
+
+
+def test_blob_reshape_then_net_reshape():
+    net = caffe.Net(str(LENET_DEPLOY), caffe.TEST)
+    net.blobs["data"].reshape(3, 1, 28, 28)
+    net.reshape()
+    assert net.blobs["prob"].data.shape == (3, 10)
+    assert (net.blobs["data"].num, net.blobs["data"].channels, net.blobs["data"].count) == (3, 1, 3 * 28 * 28)
+
+
+def test_forward_checks_inputs():
+    net = caffe.Net(str(LENET_DEPLOY), caffe.TEST)
+    with pytest.raises(NetError, match="do not match net inputs"):
+        net.forward(image=np.zeros((64, 1, 28, 28), np.float32))
+    with pytest.raises(NetError, match="not batch sized"):
+        net.forward(data=np.zeros((2, 1, 28, 28), np.float32))
