@@ -1,1 +1,188 @@
-"""Convolution, Deconvolution and Im2col (im2col/col2im kernels in csrc/im2col.pyx)."""
+"""Convolution, Deconvolution and Im2col (im2col/col2im kernels in csrc/im2col.pyx).
+
+Parameter parsing and shapes follow Caffe's src/caffe/layers/base_conv_layer.cpp (LayerSetUp, Reshape),
+conv_layer.cpp / deconv_layer.cpp (compute_output_shape) and im2col_layer.cpp.
+"""
+from ..errors import NetError
+from ..net.blob import canonical_axis, count
+from .base import Layer
+from .registry import register
+
+
+# --- helpers shared by the layer modules ------------------------------------------------------------------
+
+def checked_axis(layer, axis, num_axes, what="axis"):
+    """canonical_axis with the layer's name in the error."""
+    try:
+        return canonical_axis(axis, num_axes, what)
+    except NetError as exc:
+        raise layer.error(str(exc)) from None
+
+
+def check_param_shapes(layer, expected):
+    """Blobs that came with the LayerParameter must have the shapes the layer would have made (Caffe's
+    "Incorrect number of weight blobs." / "Incorrect weight shape: expected shape ...; instead, shape was ...")."""
+    layer.check(len(layer.blobs) == len(expected), "Incorrect number of weight blobs: expected %d, got %d"
+                % (len(expected), len(layer.blobs)))
+    for i, (blob, shape) in enumerate(zip(layer.blobs, expected)):
+        layer.check(blob.shape == tuple(shape), "Incorrect shape of param blob %d: expected shape %s; instead, "
+                    "shape was %s" % (i, tuple(shape), blob.shape))
+
+
+def c_div(a, b):
+    """C's integer division (truncates toward zero), which Caffe's output-size formulas use."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def parse_conv_geometry(layer, cp, num_spatial_axes):
+    """kernel, stride, pad, dilation (one tuple entry per spatial axis) from a ConvolutionParameter, with the
+    CHECKs of BaseConvolutionLayer::LayerSetUp (the same in Im2colLayer::LayerSetUp)."""
+    n = num_spatial_axes
+
+    def per_axis(name, values, default):
+        # A repeated field: once for all axes, once per axis, or (where there is a default) not at all.
+        values = list(values)
+        layer.check(len(values) in ((1, n) if default is None else (0, 1, n)),
+                    "%s must be specified once, or once per spatial dimension (%s specified %d times; "
+                    "%d spatial dims)." % (name, name, len(values), n))
+        if not values:
+            return (default,) * n
+        return tuple(values[0] if len(values) == 1 else values[i] for i in range(n))
+
+    def hw(name, repeated_name, h_field, w_field, default):
+        if cp.HasField(h_field) or cp.HasField(w_field):
+            layer.check(n == 2, "%s & %s can only be used for 2D convolution." % (h_field, w_field))
+            layer.check(len(getattr(cp, repeated_name)) == 0,
+                        "Either %s or %s/w should be specified; not both." % (repeated_name, name + "_h"))
+            return (getattr(cp, h_field), getattr(cp, w_field))
+        return per_axis(repeated_name, getattr(cp, repeated_name), default)
+
+    kernel = hw("kernel", "kernel_size", "kernel_h", "kernel_w", None)
+    layer.check(all(k > 0 for k in kernel), "Filter dimensions must be nonzero.")
+    stride = hw("stride", "stride", "stride_h", "stride_w", 1)
+    layer.check(all(s > 0 for s in stride), "Stride dimensions must be nonzero.")
+    pad = hw("pad", "pad", "pad_h", "pad_w", 0)
+    dilation = per_axis("dilation", cp.dilation, 1)
+    return kernel, stride, pad, dilation
+
+
+def conv_out_dim(size, kernel, stride, pad, dilation):
+    """ConvolutionLayer::compute_output_shape (and Im2colLayer::Reshape), with C's truncating division."""
+    return c_div(size + 2 * pad - (dilation * (kernel - 1) + 1), stride) + 1
+
+
+def deconv_out_dim(size, kernel, stride, pad, dilation):
+    """DeconvolutionLayer::compute_output_shape."""
+    return stride * (size - 1) + (dilation * (kernel - 1) + 1) - 2 * pad
+
+
+# --- layers -------------------------------------------------------------------------------------------------
+
+class _BaseConvolution(Layer):
+    """Caffe's BaseConvolutionLayer: N spatial axes after `axis`, weights (out, in / group, *kernel)."""
+    min_bottom = 1
+    min_top = 1
+    equal_num_bottom_top = True
+    reverse_dimensions = False   # True for Deconvolution: the weights map num_output -> channels
+
+    def layer_setup(self, bottom, top):
+        cp = self.param.convolution_param
+        self.force_nd_im2col = cp.force_nd_im2col
+        shape = bottom[0].shape
+        self.channel_axis = checked_axis(self, cp.axis, len(shape))
+        self.num_spatial_axes = len(shape) - self.channel_axis - 1
+        self.kernel, self.stride, self.pad, self.dilation = parse_conv_geometry(self, cp, self.num_spatial_axes)
+        # Caffe skips im2col for 1x1 kernels with stride 1 and no padding (is_1x1_).
+        self.is_1x1 = all(k == 1 and s == 1 and p == 0 for k, s, p in zip(self.kernel, self.stride, self.pad))
+        self.channels = shape[self.channel_axis]
+        self.num_output = cp.num_output
+        self.check(self.num_output > 0, "num_output must be positive")
+        self.group = cp.group
+        self.check(self.group > 0, "group must be positive")
+        self.check(self.channels % self.group == 0, "the number of input channels (%d) must be a multiple of "
+                   "group (%d)" % (self.channels, self.group))
+        self.check(self.num_output % self.group == 0, "Number of output should be multiples of group "
+                   "(num_output %d, group %d)." % (self.num_output, self.group))
+        if self.reverse_dimensions:
+            conv_out, conv_in = self.channels, self.num_output
+        else:
+            conv_out, conv_in = self.num_output, self.channels
+        self.bias_term = cp.bias_term
+        expected = [(conv_out, conv_in // self.group) + self.kernel]
+        if self.bias_term:
+            expected.append((self.num_output,))
+        if self.blobs:
+            check_param_shapes(self, expected)          # "Skipping parameter initialization"
+        else:
+            self.blobs = [self.make_param(expected[0], cp.weight_filler)]
+            if self.bias_term:
+                self.blobs.append(self.make_param(expected[1], cp.bias_filler))
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        self.check(len(shape) == self.channel_axis + 1 + self.num_spatial_axes, "bottom num_axes may not change.")
+        self.check(shape[self.channel_axis] == self.channels, "Input size incompatible with convolution kernel.")
+        for i, b in enumerate(bottom[1:], 1):
+            self.check(b.shape == shape, "shape mismatch - bottom[0]: %s vs. bottom[%d]: %s" % (shape, i, b.shape))
+        self.input_spatial = shape[self.channel_axis + 1:]
+        self.output_spatial = tuple(self.out_dim(*a) for a in zip(self.input_spatial, self.kernel, self.stride,
+                                                                  self.pad, self.dilation))
+        self.check(all(d >= 0 for d in self.output_spatial),
+                   "the kernel does not fit the input: input %s, kernel %s, stride %s, pad %s, dilation %s give "
+                   "output %s" % (self.input_spatial, self.kernel, self.stride, self.pad, self.dilation,
+                                  self.output_spatial))
+        top_shape = shape[:self.channel_axis] + (self.num_output,) + self.output_spatial
+        for t in top:
+            t.reshape(top_shape)
+
+    def flops(self, bottom, top):
+        # Per image: a GEMM of (conv_out / g) x (kernel_dim) x (conv spatial size) per group, 2 ops per MAC,
+        # plus one add per output element for the bias.
+        num = count(bottom[0].shape, 0, self.channel_axis)
+        kernel = count(self.kernel)
+        if self.reverse_dimensions:   # the GEMM runs over the deconv's input positions
+            macs = self.channels * (self.num_output // self.group) * kernel * count(self.input_spatial)
+        else:
+            macs = self.num_output * (self.channels // self.group) * kernel * count(self.output_spatial)
+        bias = self.num_output * count(self.output_spatial) if self.bias_term else 0
+        return len(bottom) * num * (2 * macs + bias)
+
+
+@register("Convolution")
+class ConvolutionLayer(_BaseConvolution):
+    out_dim = staticmethod(conv_out_dim)
+
+
+@register("Deconvolution")
+class DeconvolutionLayer(_BaseConvolution):
+    reverse_dimensions = True
+    out_dim = staticmethod(deconv_out_dim)
+
+
+@register("Im2col")
+class Im2colLayer(Layer):
+    """Caffe's Im2colLayer: top (..., channels * prod(kernel), *out) with channel (c * kh + i) * kw + j."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        cp = self.param.convolution_param
+        self.force_nd_im2col = cp.force_nd_im2col
+        shape = bottom[0].shape
+        self.channel_axis = checked_axis(self, cp.axis, len(shape))
+        self.num_spatial_axes = len(shape) - self.channel_axis - 1
+        self.check(self.num_spatial_axes >= 1, "Im2col needs at least one spatial axis after the channel axis")
+        self.kernel, self.stride, self.pad, self.dilation = parse_conv_geometry(self, cp, self.num_spatial_axes)
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        self.check(len(shape) == self.channel_axis + 1 + self.num_spatial_axes, "bottom num_axes may not change.")
+        out = tuple(conv_out_dim(*a) for a in zip(shape[self.channel_axis + 1:], self.kernel, self.stride,
+                                                  self.pad, self.dilation))
+        self.check(all(d >= 0 for d in out), "the kernel does not fit the input %s" % (shape,))
+        top_shape = shape[:self.channel_axis] + (shape[self.channel_axis] * count(self.kernel),) + out
+        top[0].reshape(top_shape)
+
+    def flops(self, bottom, top):
+        return 0   # data movement only

@@ -1,1 +1,79 @@
-"""InnerProduct and Embed."""
+"""InnerProduct and Embed, after Caffe's src/caffe/layers/inner_product_layer.cpp and embed_layer.cpp."""
+from ..net.blob import count
+from .base import Layer
+from .conv import check_param_shapes, checked_axis
+from .registry import register
+
+
+@register("InnerProduct")
+class InnerProductLayer(Layer):
+    """top = bottom (flattened from `axis` into K) x W^T + b; top shape = bottom.shape[:axis] + (num_output,).
+    Weights (num_output, K), or (K, num_output) with transpose."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        ip = self.param.inner_product_param
+        self.num_output = ip.num_output
+        self.bias_term = ip.bias_term
+        self.transpose = ip.transpose
+        # (Caffe has no CHECK on num_output here; a 0 would make an empty top.)
+        axis = checked_axis(self, ip.axis, len(bottom[0].shape))
+        self.K = bottom[0].count_range(axis)
+        expected = [(self.K, self.num_output) if self.transpose else (self.num_output, self.K)]
+        if self.bias_term:
+            expected.append((self.num_output,))
+        if self.blobs:
+            check_param_shapes(self, expected)   # Caffe only logs "Skipping parameter initialization"
+        else:
+            self.blobs = [self.make_param(expected[0], ip.weight_filler)]
+            if self.bias_term:
+                self.blobs.append(self.make_param(expected[1], ip.bias_filler))
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        axis = checked_axis(self, self.param.inner_product_param.axis, len(shape))
+        self.check(count(shape, axis) == self.K, "Input size incompatible with inner product parameters "
+                   "(%d inputs from axis %d of %s, the weights take %d)." % (count(shape, axis), axis, shape, self.K))
+        self.M = count(shape, 0, axis)
+        top[0].reshape(shape[:axis] + (self.num_output,))
+
+    def flops(self, bottom, top):
+        return self.M * self.num_output * (2 * self.K + (1 if self.bias_term else 0))
+
+
+@register("Embed")
+class EmbedLayer(Layer):
+    """A lookup table: each bottom value (an index in [0, input_dim)) becomes a row of W (input_dim, num_output),
+    plus the bias; top shape = bottom.shape + (num_output,)."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        ep = self.param.embed_param
+        self.num_output = ep.num_output
+        self.check(self.num_output > 0, "EmbedLayer num_output must be positive.")
+        self.input_dim = ep.input_dim
+        self.check(self.input_dim > 0, "EmbedLayer input_dim must be positive.")
+        self.bias_term = ep.bias_term
+        expected = [(self.input_dim, self.num_output)]
+        if self.bias_term:
+            expected.append((self.num_output,))
+        if self.blobs:
+            check_param_shapes(self, expected)
+        else:
+            self.blobs = [self.make_param(expected[0], ep.weight_filler)]
+            if self.bias_term:
+                self.blobs.append(self.make_param(expected[1], ep.bias_filler))
+
+    def reshape(self, bottom, top):
+        top[0].reshape(bottom[0].shape + (self.num_output,))
+
+    def allow_force_backward(self, bottom_index):
+        # Caffe's Embed backward CHECKs "Can't backpropagate to EmbedLayer input." and does not override
+        # AllowForceBackward, so force_backward crashes it. Deliberate difference: we refuse force_backward to the
+        # indices instead, so such a net runs (the indices get no gradient, as they never can).
+        return bottom_index != 0
+
+    def flops(self, bottom, top):
+        return top[0].count if self.bias_term else 0   # the lookup is a copy; the bias adds

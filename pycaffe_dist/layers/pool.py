@@ -1,1 +1,147 @@
-"""Pooling and SPP."""
+"""Pooling and SPP, after Caffe's src/caffe/layers/pooling_layer.cpp and spp_layer.cpp."""
+import math
+
+from ..proto import caffe_pb2
+from .base import Layer
+from .registry import register
+
+PP = caffe_pb2.PoolingParameter
+LEGACY_4D = "Input must have 4 axes, corresponding to (num, channels, height, width)"
+
+
+def pooled_dim(size, kernel, stride, pad, ceil_mode=True):
+    """Caffe's PoolingLayer::Reshape output size along one axis.
+
+    CEIL (the default) or FLOOR of (size + 2 pad - kernel) / stride, plus 1; then, with padding, the last window
+    must start strictly inside the image (not in the padding), otherwise it is clipped."""
+    rounded = (math.ceil if ceil_mode else math.floor)((size + 2 * pad - kernel) / float(stride))
+    out = int(rounded) + 1
+    if pad and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+@register("Pooling")
+class PoolingLayer(Layer):
+    exact_num_bottom = 1
+    min_top = 1
+
+    @property
+    def max_top(self):
+        # MAX pooling may output its argmax mask as a second top (Caffe's MaxTopBlobs).
+        return 2 if self.param.pooling_param.pool == PP.MAX else 1
+
+    def layer_setup(self, bottom, top):
+        pp = self.param.pooling_param
+        has = pp.HasField
+        self.global_pooling = pp.global_pooling
+        self.ceil_mode = pp.round_mode == PP.CEIL
+        if self.global_pooling:
+            self.check(not (has("kernel_size") or has("kernel_h") or has("kernel_w")),
+                       "With Global_pooling: true Filter size cannot specified")
+        else:
+            # Caffe: CHECK(!has_kernel_size() != !(has_kernel_h() && has_kernel_w())), which also fires when
+            # no size is given at all; we say which of the two went wrong.
+            if has("kernel_size") == (has("kernel_h") and has("kernel_w")):
+                raise self.error("Filter size is kernel_size OR kernel_h and kernel_w; not both" if has("kernel_size")
+                                 else "kernel_size must be specified (For non-square filters both kernel_h and "
+                                 "kernel_w are required.)")
+        self.check((not has("pad") and has("pad_h") and has("pad_w")) or (not has("pad_h") and not has("pad_w")),
+                   "pad is pad OR pad_h and pad_w are required.")
+        self.check((not has("stride") and has("stride_h") and has("stride_w"))
+                   or (not has("stride_h") and not has("stride_w")),
+                   "Stride is stride OR stride_h and stride_w are required.")
+        if self.global_pooling:
+            self.check(len(bottom[0].shape) <= 4, LEGACY_4D)
+            self.kernel = (bottom[0].height, bottom[0].width)
+        elif has("kernel_size"):
+            self.kernel = (pp.kernel_size, pp.kernel_size)
+        else:
+            self.kernel = (pp.kernel_h, pp.kernel_w)
+        self.check(all(k > 0 for k in self.kernel), "Filter dimensions cannot be zero.")
+        self.pad = (pp.pad_h, pp.pad_w) if has("pad_h") else (pp.pad, pp.pad)
+        self.stride = (pp.stride_h, pp.stride_w) if has("stride_h") else (pp.stride, pp.stride)
+        # (Caffe does not check the stride; a zero stride would divide by zero in Reshape.)
+        self.check(all(s > 0 for s in self.stride), "Stride dimensions cannot be zero.")
+        if self.global_pooling:
+            self.check(self.pad == (0, 0) and self.stride == (1, 1),
+                       "With Global_pooling: true; only pad = 0 and stride = 1")
+        if any(self.pad):
+            self.check(pp.pool in (PP.AVE, PP.MAX), "Padding implemented only for average and max pooling.")
+            self.check(self.pad[0] < self.kernel[0] and self.pad[1] < self.kernel[1],
+                       "pad (%d, %d) must be smaller than the kernel (%d, %d)" % (self.pad + self.kernel))
+        # STOCHASTIC is accepted here, as in Caffe; its CPU forward is "Not Implemented Yet" in Caffe.
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        self.check(len(shape) == 4, LEGACY_4D)
+        if self.global_pooling:
+            self.kernel = shape[2:]
+        self.pooled = tuple(pooled_dim(s, k, st, p, self.ceil_mode)
+                            for s, k, st, p in zip(shape[2:], self.kernel, self.stride, self.pad))
+        if any(self.pad):
+            self.check(all((o - 1) * st < s + p for o, st, s, p in zip(self.pooled, self.stride, shape[2:], self.pad)),
+                       "the last pooling window starts in the padding")
+        self.check(all(o >= 0 for o in self.pooled), "the kernel %s does not fit the input %s" % (self.kernel, shape))
+        for t in top:   # top[1], the MAX mask, is shaped like top[0]
+            t.reshape(shape[:2] + self.pooled)
+
+    def flops(self, bottom, top):
+        # One compare (MAX) or add (AVE, STOCHASTIC) per window element, plus the AVE division per output.
+        outputs = top[0].count
+        per_output = self.kernel[0] * self.kernel[1]
+        if self.param.pooling_param.pool != PP.MAX:
+            per_output += 1
+        return outputs * per_output
+
+
+def spp_level_geometry(height, width, level):
+    """SPPLayer::GetPoolingParam: kernel, stride and pad of pyramid level `level` (2^level bins per axis)."""
+    bins = 2 ** level
+    kernel, pad = [], []
+    for size in (height, width):
+        k = int(math.ceil(size / float(bins)))
+        kernel.append(k)
+        pad.append((k * bins - size + 1) // 2)   # remainder is >= 0: C and Python division agree
+    return tuple(kernel), tuple(kernel), tuple(pad)   # the stride is the kernel
+
+
+@register("SPP")
+class SPPLayer(Layer):
+    """Spatial pyramid pooling: level i pools into 2^i x 2^i bins; the flattened levels are concatenated."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        sp = self.param.spp_param
+        self.pyramid_height = sp.pyramid_height
+        # Caffe concatenates the levels; with no level its Concat layer has no bottom and fails.
+        self.check(self.pyramid_height >= 1, "pyramid_height must be at least 1")
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        self.check(len(shape) == 4, LEGACY_4D)
+        num, channels, height, width = shape
+        self.check(height > 0 and width > 0, "Input dimensions cannot be zero.")
+        pool = self.param.spp_param.pool   # SPPParameter.PoolMethod has the same values as PoolingParameter's
+        self.levels = []
+        for level in range(self.pyramid_height):
+            kernel, stride, pad = spp_level_geometry(height, width, level)
+            # The internal Pooling layer's checks (pooling_layer.cpp LayerSetUp / Reshape).
+            if any(pad):
+                self.check(pool in (PP.AVE, PP.MAX), "Padding implemented only for average and max pooling.")
+                self.check(pad[0] < kernel[0] and pad[1] < kernel[1],
+                           "pyramid level %d: pad %s must be smaller than the kernel %s (input %dx%d too small for "
+                           "%d bins)" % (level, pad, kernel, height, width, 2 ** level))
+            pooled = tuple(pooled_dim(s, k, st, p) for s, k, st, p in zip((height, width), kernel, stride, pad))
+            self.levels.append((kernel, stride, pad, pooled))
+        if self.pyramid_height == 1:
+            # Caffe runs the single Pooling layer straight into the top: no flatten, a 4-axis top.
+            top[0].reshape((num, channels) + self.levels[0][3])
+        else:
+            top[0].reshape((num, sum(channels * p[0] * p[1] for _, _, _, p in self.levels)))
+
+    def flops(self, bottom, top):
+        num, channels = bottom[0].shape[:2]
+        extra = 0 if self.param.spp_param.pool == PP.MAX else 1
+        return sum(num * channels * p[0] * p[1] * (k[0] * k[1] + extra) for k, _, _, p in self.levels)

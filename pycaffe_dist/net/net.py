@@ -128,8 +128,13 @@ class Net:
         return len(self._blob_list) - 1
 
     def _append_param(self, layer_id, param_id, param_names):
-        """Caffe's Net::AppendParam: the first layer to use a name owns the blob; later users share it."""
-        lp, layer = self.param.layer[layer_id], self.layers[layer_id]
+        """Caffe's Net::AppendParam: the first layer to use a name owns the blob; later users share it.
+
+        Like Caffe it reads the layer's own LayerParameter, which the layer may have edited at setup (BatchNorm
+        adds lr_mult 0 specs so its statistics are not learned), while _build's need-backward pass reads the net's.
+        """
+        layer = self.layers[layer_id]
+        lp = layer.param
         has_spec = param_id < len(lp.param)
         spec = lp.param[param_id] if has_spec else caffe_pb2.ParamSpec()
         name = spec.name if has_spec else ""

@@ -221,3 +221,15 @@ def test_net_state_in_prototxt_is_merged():
         layer { name: "st" type: "ReLU" bottom: "x" top: "b" include { stage: "deploy" } }
     """)
     assert "st" in net.layer_names
+
+
+def test_batchnorm_statistics_are_not_learned():
+    # BatchNorm adds lr_mult 0 specs to its own param copy; Caffe's AppendParam reads that copy.
+    net = net_from_text("""
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 4 } } }
+        layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y" }
+        layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "x" top: "l" }
+    """)
+    assert net.params_lr == [0.0, 0.0, 0.0] and net.params_weight_decay == [1.0, 1.0, 1.0]
+    bn = net.layer_index("bn")
+    assert len(net.layers[bn].param.param) == 3 and not len(net.param.layer[bn].param)

@@ -1,0 +1,226 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""CPU im2col / col2im, as Caffe's src/caffe/util/im2col.cpp (im2col_cpu, col2im_cpu, im2col_nd_cpu, col2im_nd_cpu).
+
+Plain functions over contiguous float32 buffers of ONE image with explicit shapes; the loops run without the GIL.
+The column buffer is (channels * prod(kernel), *output) in C order: row (c * kh + i) * kw + j holds kernel tap
+(i, j) of channel c, exactly as Caffe lays it out. Output sizes use C's truncating division, as Caffe does:
+    out = (in + 2 * pad - (dilation * (kernel - 1) + 1)) / stride + 1
+Python wrappers that allocate the outputs: pycaffe_dist/backend/im2col.py.
+"""
+
+cdef enum:
+    MAX_AXES = 32  # Caffe's kMaxBlobAxes
+
+
+cdef inline bint _inside(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    # Caffe's is_a_ge_zero_and_a_lt_b: 0 <= a < b
+    return 0 <= a < b
+
+
+cdef inline int _out_dim(int size, int kernel, int pad, int stride, int dilation) noexcept nogil:
+    return (size + 2 * pad - (dilation * (kernel - 1) + 1)) // stride + 1  # C truncation (cdivision)
+
+
+cdef void _im2col_2d(const float* im, int channels, int height, int width, int kernel_h, int kernel_w,
+                     int pad_h, int pad_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                     int output_h, int output_w, float* col) noexcept nogil:
+    cdef Py_ssize_t channel_size = <Py_ssize_t>height * width
+    cdef Py_ssize_t input_row, input_col, k = 0
+    cdef int c, kernel_row, kernel_col, oh, ow
+    for c in range(channels):
+        for kernel_row in range(kernel_h):
+            for kernel_col in range(kernel_w):
+                input_row = -pad_h + kernel_row * dilation_h
+                for oh in range(output_h):
+                    if not _inside(input_row, height):
+                        for ow in range(output_w):
+                            col[k] = 0
+                            k += 1
+                    else:
+                        input_col = -pad_w + kernel_col * dilation_w
+                        for ow in range(output_w):
+                            if _inside(input_col, width):
+                                col[k] = im[input_row * width + input_col]
+                            else:
+                                col[k] = 0
+                            k += 1
+                            input_col += stride_w
+                    input_row += stride_h
+        im += channel_size
+
+
+cdef void _col2im_2d(const float* col, int channels, int height, int width, int kernel_h, int kernel_w,
+                     int pad_h, int pad_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                     int output_h, int output_w, float* im) noexcept nogil:
+    cdef Py_ssize_t channel_size = <Py_ssize_t>height * width
+    cdef Py_ssize_t input_row, input_col, i, k = 0
+    cdef int c, kernel_row, kernel_col, oh, ow
+    for i in range(channel_size * channels):
+        im[i] = 0
+    for c in range(channels):
+        for kernel_row in range(kernel_h):
+            for kernel_col in range(kernel_w):
+                input_row = -pad_h + kernel_row * dilation_h
+                for oh in range(output_h):
+                    if not _inside(input_row, height):
+                        k += output_w
+                    else:
+                        input_col = -pad_w + kernel_col * dilation_w
+                        for ow in range(output_w):
+                            if _inside(input_col, width):
+                                im[input_row * width + input_col] += col[k]
+                            k += 1
+                            input_col += stride_w
+                    input_row += stride_h
+        im += channel_size
+
+
+cdef void _im2col_nd_core(const float* data_input, bint im2col, int num_axes, const int* im_shape,
+                          const int* col_shape, const int* kernel, const int* pad, const int* stride,
+                          const int* dilation, float* data_output) noexcept nogil:
+    # Caffe's im2col_nd_core_cpu: im_shape = (channels, *spatial), col_shape = (channels * prod(kernel), *out).
+    cdef int d_offset[MAX_AXES]
+    cdef int d_iter[MAX_AXES]
+    cdef Py_ssize_t im_size, index_col, index_im
+    cdef int kernel_size = 1, channels_col = col_shape[0], c_col, offset, d_i, d, d_im
+    cdef bint incremented, is_padding
+    cdef Py_ssize_t i
+    if not im2col:
+        im_size = im_shape[0]
+        for d_i in range(num_axes):
+            im_size *= im_shape[1 + d_i]
+        for i in range(im_size):
+            data_output[i] = 0
+    for d_i in range(num_axes):
+        kernel_size *= kernel[d_i]
+        d_iter[d_i] = 0
+    for c_col in range(channels_col):
+        # Loop over spatial axes in reverse order to compute a per-axis offset.
+        offset = c_col
+        for d_i in range(num_axes - 1, -1, -1):
+            if d_i < num_axes - 1:
+                offset = offset // kernel[d_i + 1]
+            d_offset[d_i] = offset % kernel[d_i]
+        incremented = True
+        while incremented:
+            # Loop over spatial axes in forward order: indices in image and column, and padding or not.
+            index_col = c_col
+            index_im = c_col // kernel_size
+            is_padding = False
+            for d_i in range(num_axes):
+                d = d_iter[d_i]
+                d_im = d * stride[d_i] - pad[d_i] + d_offset[d_i] * dilation[d_i]
+                is_padding = is_padding or d_im < 0 or d_im >= im_shape[d_i + 1]
+                index_col = index_col * col_shape[d_i + 1] + d
+                index_im = index_im * im_shape[d_i + 1] + d_im
+            if im2col:
+                data_output[index_col] = 0 if is_padding else data_input[index_im]
+            elif not is_padding:
+                data_output[index_im] += data_input[index_col]
+            # Count through the output positions, last axis fastest.
+            incremented = False
+            for d_i in range(num_axes - 1, -1, -1):
+                if d_iter[d_i] == col_shape[d_i + 1] - 1:
+                    d_iter[d_i] = 0
+                else:
+                    d_iter[d_i] += 1
+                    incremented = True
+                    break
+
+
+cdef int _geometry(tuple im_shape, tuple kernel, tuple pad, tuple stride, tuple dilation,
+                   int* c_im, int* c_col, int* c_kernel, int* c_pad, int* c_stride, int* c_dilation) except -1:
+    """Copy the shapes into C arrays and compute the column shape; returns the number of spatial axes."""
+    cdef int n = len(im_shape) - 1, i
+    if n < 1 or n >= MAX_AXES:
+        raise ValueError("im2col needs 1 to %d spatial axes, got image shape %r" % (MAX_AXES - 1, im_shape))
+    if not len(kernel) == len(pad) == len(stride) == len(dilation) == n:
+        raise ValueError("kernel/pad/stride/dilation need one value per spatial axis (%d)" % n)
+    c_im[0] = im_shape[0]
+    c_col[0] = im_shape[0]
+    for i in range(n):
+        c_im[i + 1], c_kernel[i], c_pad[i] = im_shape[i + 1], kernel[i], pad[i]
+        c_stride[i], c_dilation[i] = stride[i], dilation[i]
+        # (Caffe accepts dilation 0: every tap reads the same pixel)
+        if c_kernel[i] < 1 or c_stride[i] < 1 or c_dilation[i] < 0 or c_pad[i] < 0 or c_im[i + 1] < 0:
+            raise ValueError("bad im2col geometry: kernel %r pad %r stride %r dilation %r"
+                             % (kernel, pad, stride, dilation))
+        c_col[0] *= c_kernel[i]
+        c_col[i + 1] = _out_dim(c_im[i + 1], c_kernel[i], c_pad[i], c_stride[i], c_dilation[i])
+    return n
+
+
+cdef Py_ssize_t _prod(const int* shape, int n) noexcept:
+    cdef Py_ssize_t p = 1
+    cdef int i
+    for i in range(n):
+        p *= shape[i] if shape[i] > 0 else 0
+    return p
+
+
+def col_shape(im_shape, kernel, pad, stride, dilation):
+    """The column buffer's shape (channels * prod(kernel), *out) for an image of shape (channels, *spatial)."""
+    cdef int c_im[MAX_AXES]
+    cdef int c_col[MAX_AXES]
+    cdef int k[MAX_AXES]
+    cdef int p[MAX_AXES]
+    cdef int s[MAX_AXES]
+    cdef int dl[MAX_AXES]
+    n = _geometry(tuple(im_shape), tuple(kernel), tuple(pad), tuple(stride), tuple(dilation), c_im, c_col,
+                  k, p, s, dl)
+    return tuple(c_col[i] for i in range(n + 1))
+
+
+def _run(const float[::1] src, float[::1] dst, im_shape, kernel, pad, stride, dilation, bint forward,
+         bint force_nd):
+    cdef int c_im[MAX_AXES]
+    cdef int c_col[MAX_AXES]
+    cdef int k[MAX_AXES]
+    cdef int p[MAX_AXES]
+    cdef int s[MAX_AXES]
+    cdef int dl[MAX_AXES]
+    cdef int n = _geometry(tuple(im_shape), tuple(kernel), tuple(pad), tuple(stride), tuple(dilation), c_im,
+                           c_col, k, p, s, dl)
+    cdef Py_ssize_t im_count = _prod(c_im, n + 1), col_count = _prod(c_col, n + 1)
+    cdef Py_ssize_t src_count = im_count if forward else col_count
+    cdef Py_ssize_t dst_count = col_count if forward else im_count
+    cdef int i
+    cdef Py_ssize_t j
+    for i in range(n + 1):
+        if c_col[i] < 0:
+            raise ValueError("negative im2col output size: image %r, kernel %r, pad %r, stride %r, dilation %r"
+                             % (tuple(im_shape), tuple(kernel), tuple(pad), tuple(stride), tuple(dilation)))
+    if src.shape[0] != src_count or dst.shape[0] != dst_count:
+        raise ValueError("im2col buffer sizes %d -> %d do not match the shapes (need %d -> %d)"
+                         % (src.shape[0], dst.shape[0], src_count, dst_count))
+    if dst_count == 0:
+        return
+    if src_count == 0 or col_count == 0:   # an empty column: the image is all zero (col2im), nothing to copy
+        with nogil:
+            for j in range(dst_count):
+                dst[j] = 0
+        return
+    cdef const float* a = &src[0]
+    cdef float* b = &dst[0]
+    with nogil:
+        if n == 2 and not force_nd:
+            if forward:
+                _im2col_2d(a, c_im[0], c_im[1], c_im[2], k[0], k[1], p[0], p[1], s[0], s[1], dl[0], dl[1],
+                           c_col[1], c_col[2], b)
+            else:
+                _col2im_2d(a, c_im[0], c_im[1], c_im[2], k[0], k[1], p[0], p[1], s[0], s[1], dl[0], dl[1],
+                           c_col[1], c_col[2], b)
+        else:
+            _im2col_nd_core(a, forward, n, c_im, c_col, k, p, s, dl, b)
+
+
+def im2col(const float[::1] im, float[::1] col, im_shape, kernel, pad, stride, dilation, bint force_nd=False):
+    """Fill `col` (flat, col_shape(...) elements) from the flat image `im` of shape im_shape = (C, *spatial).
+
+    Two spatial axes take Caffe's im2col_cpu unless force_nd; any other number takes im2col_nd_cpu."""
+    _run(im, col, im_shape, kernel, pad, stride, dilation, True, force_nd)
+
+
+def col2im(const float[::1] col, float[::1] im, im_shape, kernel, pad, stride, dilation, bint force_nd=False):
+    """Overwrite the flat image `im` (shape im_shape) with the sum of the column entries that map to each pixel."""
+    _run(col, im, im_shape, kernel, pad, stride, dilation, False, force_nd)

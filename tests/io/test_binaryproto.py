@@ -1,0 +1,66 @@
+"""Binary protos written by Caffe itself (golden fixtures): read, round-trip, and refuse bad files clearly."""
+import numpy as np
+import pytest
+
+from pycaffe_dist.errors import ModelFileError
+from pycaffe_dist.io.binaryproto import (read_binary, read_mean_file, read_net_binary, read_solverstate,
+                                         write_binary, write_mean_file)
+from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.proto import caffe_pb2
+from tests.conftest import GOLDEN, load_npz
+
+SGD = GOLDEN / "solvers" / "sgd_momentum"
+
+
+def test_caffe_written_snapshot_and_solverstate():
+    state = read_solverstate(SGD / "snap_iter_10.solverstate")
+    assert state.iter == 10 and state.learned_net.endswith("snap_iter_10.caffemodel")
+    history = load_npz(SGD / "solverstate_iter10.npz")
+    assert len(state.history) == len([k for k in history if k.startswith("history/")])
+    for i, blob in enumerate(state.history):
+        np.testing.assert_array_equal(Blob.from_proto_new(blob).data, history["history/%d" % i])
+    net = read_net_binary(SGD / "snap_iter_10.caffemodel")
+    params = load_npz(SGD / "params_iter10.npz")
+    ip1 = next(l for l in net.layer if l.name == "ip1")
+    np.testing.assert_array_equal(Blob.from_proto_new(ip1.blobs[0]).data, params["param/ip1/0"])
+
+
+def test_round_trip_is_byte_identical(tmp_path):
+    original = (GOLDEN / "nets" / "lenet" / "weights.caffemodel").read_bytes()
+    net = read_binary(GOLDEN / "nets" / "lenet" / "weights.caffemodel", caffe_pb2.NetParameter())
+    write_binary(tmp_path / "w.caffemodel", net)
+    assert (tmp_path / "w.caffemodel").read_bytes() == original
+
+
+def test_mean_file_round_trip(tmp_path):
+    mean = np.random.default_rng(0).random((1, 3, 4, 5), dtype=np.float32)
+    write_mean_file(tmp_path / "mean.binaryproto", mean)
+    np.testing.assert_array_equal(read_mean_file(tmp_path / "mean.binaryproto"), mean)
+    h = read_mean_file(GOLDEN / "layers" / "infogain_loss" / "H.binaryproto")
+    assert h.ndim >= 2
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"\xff" * 64, "is not a Caffe solver state"),
+    (b"\x0a\x05hello" + b"\x99\x99\x99", "is not a Caffe solver state"),
+])
+def test_bad_solverstate(tmp_path, content, message):
+    path = tmp_path / "x.solverstate"
+    path.write_bytes(content)
+    with pytest.raises(ModelFileError, match=message):
+        read_solverstate(path)
+
+
+def test_truncated_caffemodel_and_foreign_fields(tmp_path):
+    data = (SGD / "snap_iter_10.caffemodel").read_bytes()
+    (tmp_path / "cut.caffemodel").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="cut.caffemodel: .*truncated"):
+        read_net_binary(tmp_path / "cut.caffemodel")
+    # a well-formed protobuf of another schema (field 200, varint) is not a NetParameter
+    (tmp_path / "other.caffemodel").write_bytes(b"\xc0\x0c\x01")
+    with pytest.raises(ModelFileError, match="unknown top-level field"):
+        read_net_binary(tmp_path / "other.caffemodel")
+    (tmp_path / "w.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 32)
+    with pytest.raises(ModelFileError, match="HDF5"):
+        read_net_binary(tmp_path / "w.h5")

@@ -1,0 +1,101 @@
+"""Blob semantics (Caffe's blob.cpp) and fillers (filler.hpp): shapes, legacy protos, fans and formulas."""
+import numpy as np
+import pytest
+
+from pycaffe_dist import common
+from pycaffe_dist.errors import NetError
+from pycaffe_dist.net.blob import Blob, canonical_axis
+from pycaffe_dist.net.filler import fill
+from pycaffe_dist.proto import caffe_pb2
+
+
+def test_lazy_allocation_and_reshape_keeps_values_when_count_is_kept():
+    blob = Blob((2, 3))
+    assert blob._data is None and blob.count == 6
+    blob.data[...] = np.arange(6).reshape(2, 3)
+    blob.reshape(3, 2)
+    assert blob.data.tolist() == [[0, 1], [2, 3], [4, 5]]
+    blob.reshape((4, 2))
+    assert not blob.data.any()   # new count: fresh zeroed memory, as Caffe's SyncedMemory
+
+
+def test_legacy_accessors_and_axes():
+    blob = Blob((5, 7))
+    assert (blob.num, blob.channels, blob.height, blob.width) == (5, 7, 1, 1)
+    assert canonical_axis(-1, 4) == 3
+    with pytest.raises(NetError, match="axis 4 out of range"):
+        canonical_axis(4, 4)
+    with pytest.raises(NetError, match="negative dimension"):
+        Blob((2, -1))
+
+
+def test_proto_round_trip_and_legacy_shape_matching():
+    blob = Blob((2, 3))
+    blob.data[...] = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    proto = blob.to_proto(write_diff=True)
+    assert list(proto.shape.dim) == [2, 3] and len(proto.diff) == 6
+    again = Blob.from_proto_new(proto)
+    np.testing.assert_array_equal(again.data, blob.data)
+    legacy = caffe_pb2.BlobProto(num=1, channels=1, height=2, width=3)   # how V1 caffemodels store (2, 3)
+    legacy.data.extend(range(6))
+    assert blob.shape_matches_proto(legacy) and not Blob((3, 2)).shape_matches_proto(legacy)
+    blob.from_proto(legacy, reshape=False)
+    assert blob.data.tolist() == [[0, 1, 2], [3, 4, 5]]
+    short = caffe_pb2.BlobProto()
+    short.shape.dim.extend([2, 3])
+    short.data.extend([1.0] * 5)
+    with pytest.raises(NetError, match="holds 5 values but its shape"):
+        Blob.from_proto_new(short)
+
+
+def filler(**kw):
+    return caffe_pb2.FillerParameter(**kw)
+
+
+def test_fillers_follow_caffe_formulas():
+    common.set_random_seed(7)
+    shape = (200, 50, 3, 3)      # fan_in = 450, fan_out = 1800
+    xavier = fill(filler(type="xavier"), Blob(shape)).data
+    assert np.abs(xavier).max() <= np.sqrt(3 / 450) and np.abs(xavier).max() > 0.95 * np.sqrt(3 / 450)
+    avg = fill(filler(type="xavier", variance_norm=caffe_pb2.FillerParameter.AVERAGE), Blob(shape)).data
+    assert np.abs(avg).max() <= np.sqrt(3 / 1125)
+    msra = fill(filler(type="msra", variance_norm=caffe_pb2.FillerParameter.FAN_OUT), Blob(shape)).data
+    assert msra.std() == pytest.approx(np.sqrt(2 / 1800), rel=0.02)
+    gauss = fill(filler(type="gaussian", std=0.5, mean=1, sparse=20), Blob((100, 400))).data
+    assert (gauss != 0).mean() == pytest.approx(0.2, abs=0.02)   # sparse / num_outputs
+    ball = fill(filler(type="positive_unitball"), Blob((4, 3, 2))).data
+    np.testing.assert_allclose(ball.reshape(4, -1).sum(1), 1, rtol=1e-6)
+    assert fill(filler(type="constant", value=2.5), Blob((3,))).data.tolist() == [2.5] * 3
+    uni = fill(filler(type="uniform", min=-2, max=-1), Blob((1000,))).data
+    assert uni.min() >= -2 and uni.max() <= -1
+
+
+def test_bilinear_filler_matches_caffe_kernel():
+    # Caffe's FCN upsampling kernel for factor 2 (kernel 4): outer product of [0.25, 0.75, 0.75, 0.25].
+    k = fill(filler(type="bilinear"), Blob((1, 1, 4, 4))).data[0, 0]
+    np.testing.assert_allclose(k, np.outer([0.25, 0.75, 0.75, 0.25], [0.25, 0.75, 0.75, 0.25]))
+    with pytest.raises(NetError, match="height == width"):
+        fill(filler(type="bilinear"), Blob((1, 1, 4, 3)))
+
+
+def test_unknown_filler():
+    with pytest.raises(NetError, match="unknown filler type 'he_normal'"):
+        fill(filler(type="he_normal"), Blob((2,)))
+
+
+def test_lazy_filler_runs_in_layer_order_for_reproducibility():
+    from pycaffe_dist.io.prototxt import parse_text
+    from pycaffe_dist.net.net import Net
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }'
+            'layer { name: "a" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 4 '
+            'weight_filler { type: "gaussian" } } }')
+    param = parse_text(text, caffe_pb2.NetParameter())
+    common.set_random_seed(3)
+    first = Net(param).layers[1].blobs[0].data.copy()
+    common.set_random_seed(3)
+    second = Net(param).layers[1].blobs[0].data
+    np.testing.assert_array_equal(first, second)
+    common.set_random_seed(3)
+    lazy = Net(param, fill_params=False)
+    assert lazy.layers[1].blobs[0]._data is None
+    np.testing.assert_array_equal(lazy.layers[1].blobs[0].data, first)
