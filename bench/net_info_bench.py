@@ -7,6 +7,7 @@ same file, the least any prototxt tool must spend.
     python bench/net_info_bench.py [--repeat 5]
 """
 import argparse
+import logging
 import pathlib
 import statistics
 import subprocess
@@ -62,6 +63,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
+    logging.getLogger("pycaffe_dist").setLevel(logging.ERROR)   # the zoo deploys' upgrade notices, once per run
     for rel in NETS:
         layers, rows, ref = bench(ZOO / rel, args.repeat)
         print("\n%s (%d layers after splits), median of %d" % (rel, layers, args.repeat))
