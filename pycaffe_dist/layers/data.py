@@ -33,6 +33,16 @@ class _SourceLayer(Layer):
         pass
 
 
+class _RecordLayer(_SourceLayer):
+    """Layers whose tops are a batch of records of one shape, (batch,) + record_shape, and optionally labels."""
+
+    def reshape(self, bottom, top):
+        batch = getattr(self.param, self.param_field).batch_size
+        top[0].reshape((batch,) + self.record_shape)
+        if len(top) > 1:
+            top[1].reshape((batch,))
+
+
 @register("Input")
 class InputLayer(Layer):
     """Tops are the net's inputs; shapes from input_param.shape (once, or once per top). Reshape keeps what the
@@ -112,7 +122,7 @@ def transformed_shape(transform_param, channels, height, width):
 
 
 @register("Data")
-class DataLayer(_SourceLayer):
+class DataLayer(_RecordLayer):
     """Records from a database (LMDB, LevelDB or datumfile); tops: data (batch, C, H, W) [, label (batch,)]."""
     min_top, max_top = 1, 2
     param_field = "data_param"
@@ -127,13 +137,6 @@ class DataLayer(_SourceLayer):
         except DataError as exc:
             raise DataError("layer '%s' (Data): %s" % (self.name, exc)) from None
         self.record_shape = transformed_shape(self.param.transform_param, datum.channels, datum.height, datum.width)
-        self.reshape(bottom, top)
-
-    def reshape(self, bottom, top):
-        batch = self.param.data_param.batch_size
-        top[0].reshape((batch,) + self.record_shape)
-        if len(top) > 1:
-            top[1].reshape((batch,))
 
 
 @register("MemoryData")
@@ -153,7 +156,7 @@ class MemoryDataLayer(_SourceLayer):
 
 
 @register("ImageData")
-class ImageDataLayer(_SourceLayer):
+class ImageDataLayer(_RecordLayer):
     """Images named in a list file ("path label" per line); shape from the first image."""
     exact_num_top = 2
     param_field = "image_data_param"
@@ -168,14 +171,9 @@ class ImageDataLayer(_SourceLayer):
                                                             p.new_height, p.new_width)
         self.record_shape = transformed_shape(self.param.transform_param, channels, height, width)
 
-    def reshape(self, bottom, top):
-        batch = self.param.image_data_param.batch_size
-        top[0].reshape((batch,) + self.record_shape)
-        top[1].reshape((batch,))
-
 
 @register("WindowData")
-class WindowDataLayer(_SourceLayer):
+class WindowDataLayer(_RecordLayer):
     """R-CNN style windows from a window file; tops (batch, 3, crop, crop) and label (batch,)."""
     exact_num_top = 2
     param_field = "window_data_param"
@@ -186,11 +184,6 @@ class WindowDataLayer(_SourceLayer):
         crop = self.param.transform_param.crop_size or p.crop_size
         self.check(crop > 0, "crop_size must be set")
         self.record_shape = (3, crop, crop)
-
-    def reshape(self, bottom, top):
-        batch = self.param.window_data_param.batch_size
-        top[0].reshape((batch,) + self.record_shape)
-        top[1].reshape((batch,))
 
 
 @register("HDF5Data")
