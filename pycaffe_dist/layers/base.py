@@ -8,7 +8,7 @@ know which backend runs them. `flops(bottom, top)` counts the forward pass's flo
 """
 from ..errors import NetError
 from .. import common
-from ..net.blob import Blob
+from ..net.blob import Blob, canonical_axis
 from ..net.filler import fill
 
 
@@ -109,3 +109,29 @@ class Layer:
     @property
     def rng(self):
         return common.rng()
+
+
+# --- helpers shared by the layer modules ------------------------------------------------------------------
+
+def checked_axis(layer, axis, num_axes, what="axis"):
+    """canonical_axis with the layer's name in the error."""
+    try:
+        return canonical_axis(axis, num_axes, what)
+    except NetError as exc:
+        raise layer.error(str(exc)) from None
+
+
+def check_param_shapes(layer, expected):
+    """Blobs that came with the LayerParameter must have the shapes the layer would have made (Caffe's
+    "Incorrect number of weight blobs." / "Incorrect weight shape: expected shape ...; instead, shape was ...")."""
+    layer.check(len(layer.blobs) == len(expected), "Incorrect number of weight blobs: expected %d, got %d"
+                % (len(expected), len(layer.blobs)))
+    for i, (blob, shape) in enumerate(zip(layer.blobs, expected)):
+        layer.check(blob.shape == tuple(shape), "Incorrect shape of param blob %d: expected shape %s; instead, "
+                    "shape was %s" % (i, tuple(shape), blob.shape))
+
+
+def c_div(a, b):
+    """C's integer division (truncates toward zero), which Caffe's output-size formulas use."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q

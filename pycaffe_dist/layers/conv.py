@@ -3,36 +3,9 @@
 Parameter parsing and shapes follow Caffe's src/caffe/layers/base_conv_layer.cpp (LayerSetUp, Reshape),
 conv_layer.cpp / deconv_layer.cpp (compute_output_shape) and im2col_layer.cpp.
 """
-from ..errors import NetError
-from ..net.blob import canonical_axis, count
-from .base import Layer
+from ..net.blob import count
+from .base import Layer, c_div, check_param_shapes, checked_axis
 from .registry import register
-
-
-# --- helpers shared by the layer modules ------------------------------------------------------------------
-
-def checked_axis(layer, axis, num_axes, what="axis"):
-    """canonical_axis with the layer's name in the error."""
-    try:
-        return canonical_axis(axis, num_axes, what)
-    except NetError as exc:
-        raise layer.error(str(exc)) from None
-
-
-def check_param_shapes(layer, expected):
-    """Blobs that came with the LayerParameter must have the shapes the layer would have made (Caffe's
-    "Incorrect number of weight blobs." / "Incorrect weight shape: expected shape ...; instead, shape was ...")."""
-    layer.check(len(layer.blobs) == len(expected), "Incorrect number of weight blobs: expected %d, got %d"
-                % (len(expected), len(layer.blobs)))
-    for i, (blob, shape) in enumerate(zip(layer.blobs, expected)):
-        layer.check(blob.shape == tuple(shape), "Incorrect shape of param blob %d: expected shape %s; instead, "
-                    "shape was %s" % (i, tuple(shape), blob.shape))
-
-
-def c_div(a, b):
-    """C's integer division (truncates toward zero), which Caffe's output-size formulas use."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
 
 
 def parse_conv_geometry(layer, cp, num_spatial_axes):

@@ -1,7 +1,6 @@
 """InnerProduct and Embed, after Caffe's src/caffe/layers/inner_product_layer.cpp and embed_layer.cpp."""
 from ..net.blob import count
-from .base import Layer
-from .conv import check_param_shapes, checked_axis
+from .base import Layer, check_param_shapes, checked_axis
 from .registry import register
 
 

@@ -8,8 +8,7 @@ blobs in the order the unrolled layers are created, which is the order of `self.
 with H = num_output, K = prod(x.shape[2:]) and K_static = prod(x_static.shape[1:]).
 """
 from ..net.blob import count
-from .base import Layer
-from .conv import check_param_shapes
+from .base import Layer, check_param_shapes
 from .registry import register
 
 

@@ -1,5 +1,4 @@
 """Input, DummyData, Data (LMDB from Caffe's convert_mnist_data, datumfile) and Python layers."""
-import os
 import struct
 import sys
 import textwrap
