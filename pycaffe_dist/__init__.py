@@ -2,13 +2,15 @@
 from .common import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from .errors import (DataError, ModelFileError, NetError, PrototxtError, PycaffeDistError, SolverError, StoreError,
                      UpgradeError)
+from . import io
 from .layers.python_layer import UserLayer as Layer
 from .net.blob import Blob
+from .net_spec import NetSpec, layers, params, to_proto
 from .proto import caffe_pb2
 from .pycaffe import TEST, TRAIN, Net
 
 __version__ = "0.1.0"
 
-__all__ = ["Blob", "DataError", "Layer", "ModelFileError", "Net", "NetError", "PrototxtError", "PycaffeDistError",
-           "SolverError", "StoreError", "TEST", "TRAIN", "UpgradeError", "caffe_pb2", "set_device", "set_mode_cpu",
-           "set_mode_gpu", "set_random_seed"]
+__all__ = ["Blob", "DataError", "Layer", "ModelFileError", "Net", "NetError", "NetSpec", "PrototxtError",
+           "PycaffeDistError", "SolverError", "StoreError", "TEST", "TRAIN", "UpgradeError", "caffe_pb2", "io",
+           "layers", "params", "set_device", "set_mode_cpu", "set_mode_gpu", "set_random_seed", "to_proto"]

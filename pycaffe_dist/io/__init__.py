@@ -1,0 +1,8 @@
+"""Reading and writing Caffe's files (prototxt, binaryproto, upgrades), and pycaffe's caffe.io functions."""
+from .pycaffe_io import (Transformer, array_to_blobproto, array_to_datum, arraylist_to_blobprotovecor_str,
+                         arraylist_to_blobprotovector_str, blobproto_to_array, blobprotovector_str_to_arraylist,
+                         datum_to_array, load_image, oversample, resize_image)
+
+__all__ = ["Transformer", "array_to_blobproto", "array_to_datum", "arraylist_to_blobprotovecor_str",
+           "arraylist_to_blobprotovector_str", "blobproto_to_array", "blobprotovector_str_to_arraylist",
+           "datum_to_array", "load_image", "oversample", "resize_image"]
