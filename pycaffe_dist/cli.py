@@ -25,8 +25,8 @@ def cmd_net_info(args):
     net = Net(read_net(args.net), phase=args.phase, level=args.level, stages=args.stage,
               fill_params=bool(args.weights))
     if args.weights:
-        from .pycaffe import Net as PyNet
-        PyNet.copy_from(net, args.weights)
+        from .io.binaryproto import read_net_binary
+        net.copy_trained_layers_from(read_net_binary(args.weights), args.weights)
     elapsed = time.perf_counter() - start
     print(format_table(net))
     print("built in %.3f s" % elapsed)

@@ -175,9 +175,4 @@ class Net(_GraphNet):
                     raise NetError("cannot share param %d of layer '%s': shape %s vs. %s"
                                    % (j, name, blob.shape, layer.blobs[j].shape))
                 layer.blobs[j] = blob
-        self.learnable_params = [self._param_blob(i) for i in range(len(self.learnable_params))]
-
-    def _param_blob(self, learnable_id):
-        net_param_id = self.learnable_param_ids.index(learnable_id)
-        layer_id, param_id = self.param_layer_index[net_param_id]
-        return self.layers[layer_id].blobs[param_id]
+        self._refresh_param_lists()

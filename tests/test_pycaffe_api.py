@@ -8,6 +8,7 @@ import pytest
 
 import pycaffe_dist as caffe
 from pycaffe_dist.errors import ModelFileError, NetError
+from pycaffe_dist.io.prototxt import parse_text
 from tests.conftest import GOLDEN, REPO, ZOO, load_npz
 
 LENET_DEPLOY = ZOO / "bvlc" / "examples" / "mnist" / "lenet.prototxt"
@@ -83,3 +84,16 @@ def test_forward_checks_inputs():
         net.forward(image=np.zeros((64, 1, 28, 28), np.float32))
     with pytest.raises(NetError, match="not batch sized"):
         net.forward(data=np.zeros((2, 1, 28, 28), np.float32))
+
+
+def test_share_with_uses_the_other_nets_blobs():
+    trained = caffe.Net(str(LENET_DEPLOY), str(LENET_WEIGHTS), caffe.TEST)
+    fresh = caffe.Net(str(LENET_DEPLOY), caffe.TEST)
+    fresh.share_with(trained)
+    assert fresh.params["ip1"][0] is trained.params["ip1"][0]
+    assert all(any(b is t for t in trained.learnable_params) for b in fresh.learnable_params)
+    assert [id(b) for b in fresh.param_blobs] == [id(b) for b in trained.param_blobs]
+    text = LENET_DEPLOY.read_text().replace("num_output: 500", "num_output: 300")
+    other = caffe.Net(parse_text(text, caffe.caffe_pb2.NetParameter()), caffe.TEST)
+    with pytest.raises(NetError, match=r"cannot share param 0 of layer 'ip1': shape \(500, 800\) vs. \(300, 800\)"):
+        other.share_with(trained)

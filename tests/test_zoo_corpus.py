@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pycaffe_dist.errors import DataError, NetError, PrototxtError
+from pycaffe_dist.errors import DataError, NetError, PrototxtError, SolverError
 from pycaffe_dist.io.load import read_net, read_solver
 from pycaffe_dist.net.net import Net
 from pycaffe_dist.net.state import filter_net, make_state
@@ -82,5 +82,5 @@ def test_zoo_file(rel):
 
 def test_unknown_lr_policy_is_refused_like_caffe():
     solver = caffe_pb2.SolverParameter(lr_policy="stepearly", base_lr=0.01)
-    with pytest.raises(Exception, match="unknown learning rate policy: 'stepearly'"):
+    with pytest.raises(SolverError, match="unknown learning rate policy: 'stepearly'"):
         check_policy(solver)

@@ -48,6 +48,9 @@ class PReLULayer(NeuronLayer):
         # prelu_layer.cpp LayerSetUp
         p = self.param.prelu_param
         self.check(len(bottom[0].shape) >= 2, "Number of axes of bottom blob must be >=2.")
+        # Caffe reads bottom->channels(), a legacy accessor that CHECK-fails beyond 4 axes.
+        self.check(len(bottom[0].shape) <= 4, "bottom has %d axes; PReLU reads its legacy channel count, which "
+                   "Caffe only allows for blobs of at most 4 axes" % len(bottom[0].shape))
         channels = bottom[0].channels
         self.channel_shared = p.channel_shared
         if not self.blobs:

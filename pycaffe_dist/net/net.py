@@ -185,9 +185,13 @@ class Net:
             if owner >= 0:
                 layer_id, param_id = self.param_layer_index[i]
                 owner_layer, owner_param = self.param_layer_index[owner]
-                shared = self.layers[owner_layer].blobs[owner_param]
-                self.layers[layer_id].blobs[param_id] = shared
-                self.param_blobs[i] = shared
+                self.layers[layer_id].blobs[param_id] = self.layers[owner_layer].blobs[owner_param]
+        self._refresh_param_lists()
+
+    def _refresh_param_lists(self):
+        """Derive param_blobs and learnable_params (the owners, in order) from the layers' blobs."""
+        self.param_blobs = [self.layers[l].blobs[p] for l, p in self.param_layer_index]
+        self.learnable_params = [b for b, owner in zip(self.param_blobs, self.param_owner) if owner < 0]
 
     def _prune_backward(self, force):
         """Caffe's second pass: only layers that lead to a loss run backward; force_backward turns all on."""
