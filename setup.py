@@ -1,4 +1,9 @@
-"""Builds the Cython CPU kernels under csrc/ as extension modules of pycaffe_dist._kernels (see pyproject.toml)."""
+"""Builds the Cython CPU kernels under csrc/ as extension modules of pycaffe_dist._kernels (see pyproject.toml).
+
+The kernels use OpenMP (prange over images and channels); pycaffe_dist.common.set_num_threads sets its thread
+count together with the BLAS's. PYCAFFE_DIST_KERNELS=a,b limits a build to those modules (tools/build_kernel.sh).
+"""
+import os
 import pathlib
 
 import numpy as np
@@ -6,11 +11,13 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CSRC = pathlib.Path(__file__).parent / "csrc"
+only = {s for s in os.environ.get("PYCAFFE_DIST_KERNELS", "").split(",") if s}
 extensions = [
     Extension("pycaffe_dist._kernels.%s" % pyx.stem, [str(pyx.relative_to(CSRC.parent))],
-              include_dirs=[np.get_include()], extra_compile_args=["-O3"],
+              include_dirs=[np.get_include()], extra_compile_args=["-O3", "-fopenmp"],
+              extra_link_args=["-fopenmp"],
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
-    for pyx in sorted(CSRC.glob("*.pyx"))
+    for pyx in sorted(CSRC.glob("*.pyx")) if not only or pyx.stem in only
 ]
 
 setup(ext_modules=cythonize(extensions, language_level=3, compiler_directives={

@@ -31,3 +31,18 @@ def set_random_seed(seed):
 
 def rng():
     return _state["rng"]
+
+
+def set_num_threads(n):
+    """Threads for the CPU work: the BLAS's (GEMMs) and the OpenMP kernels' (csrc/). Caffe's CPU build uses
+    OPENBLAS_NUM_THREADS for the former and is single-threaded otherwise."""
+    from threadpoolctl import threadpool_limits
+    from ._kernels import parallel
+    n = max(1, int(n))
+    _state["blas_limits"] = threadpool_limits(limits=n, user_api="blas")   # kept: the limit holds while it lives
+    parallel.set_num_threads(n)
+
+
+def num_threads():
+    from ._kernels import parallel
+    return parallel.get_num_threads()

@@ -12,7 +12,7 @@ from .registry import register
 LossParameter = caffe_pb2.LossParameter
 
 # Operations for a softmax over `count` values: max (compare), subtract, exp, sum, divide.
-SOFTMAX_FLOPS_PER_ELEMENT = 5
+from .softmax import SOFTMAX_FLOPS_PER_ELEMENT
 
 
 class LossLayer(Layer):

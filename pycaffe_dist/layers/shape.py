@@ -1,11 +1,10 @@
-"""Layers that move, combine or reduce blobs: Split, Concat, Slice, Flatten, Reshape, Crop, Tile, Eltwise, Silence, BatchReindex, Filter, ArgMax, Reduction, Softmax, Scale, Bias, Parameter."""
+"""Layers that move, combine or reduce blobs: Split, Concat, Slice, Flatten, Reshape, Crop, Tile, Eltwise, Silence,
+BatchReindex, Filter, ArgMax, Reduction, Scale, Bias, Parameter."""
 from ..net.blob import canonical_axis, count
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
 
-# Operations for a softmax over `count` values: max (compare), subtract, exp, sum, divide.
-SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 
 def _no_in_place(layer, bottom, top):
@@ -360,19 +359,6 @@ class ReductionLayer(Layer):
         per = 2 if self.op in (R.ASUM, R.SUMSQ) else 1      # abs + add, or multiply-add
         scale = top[0].count if (self.coeff != 1 or self.op == R.MEAN) else 0
         return per * bottom[0].count + scale
-
-
-@register("Softmax")
-class SoftmaxLayer(Layer):
-    exact_num_bottom = 1
-    exact_num_top = 1
-
-    def reshape(self, bottom, top):
-        self.axis = canonical_axis(self.param.softmax_param.axis, len(bottom[0].shape), "softmax axis")
-        top[0].reshape(bottom[0].shape)
-
-    def flops(self, bottom, top):
-        return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count
 
 
 def _check_broadcast(layer, bottom0, param_blob, axis_param, what):

@@ -29,12 +29,15 @@ def count(shape, start=0, end=None):
 
 
 class Blob:
-    __slots__ = ("_shape", "_data", "_diff", "_init")
+    __slots__ = ("_shape", "_data", "_diff", "_init", "_dtype")
 
-    def __init__(self, shape=(), init=None):
+    def __init__(self, shape=(), init=None, dtype=np.float32):
+        # Nets hold float32, as Caffe's Net<float>; the gradient checker runs layers on float64 blobs, as
+        # Caffe's tests do with Dtype = double. Layers compute in their bottoms' dtype.
         self._shape = ()
         self._data = self._diff = None
         self._init = init
+        self._dtype = np.dtype(dtype)
         self.reshape(shape)
 
     def reshape(self, *shape):
@@ -60,6 +63,19 @@ class Blob:
     def count(self):
         return count(self._shape)
 
+    @property
+    def dtype(self):
+        return self._dtype
+
+    def astype(self, dtype):
+        """Convert data and diff (keeping values) to `dtype`; used by the float64 gradient checker."""
+        self._dtype = np.dtype(dtype)
+        if self._data is not None:
+            self._data = self._data.astype(dtype)
+        if self._diff is not None:
+            self._diff = self._diff.astype(dtype)
+        return self
+
     def shape_at(self, axis):
         return self._shape[canonical_axis(axis, len(self._shape))]
 
@@ -82,7 +98,7 @@ class Blob:
     @property
     def data(self):
         if self._data is None:
-            self._data = np.zeros(self._shape, dtype=np.float32)
+            self._data = np.zeros(self._shape, dtype=self._dtype)
             init, self._init = self._init, None
             if init is not None:
                 init(self)
@@ -95,7 +111,7 @@ class Blob:
     @property
     def diff(self):
         if self._diff is None:
-            self._diff = np.zeros(self._shape, dtype=np.float32)
+            self._diff = np.zeros(self._shape, dtype=self._dtype)
         return self._diff
 
     @diff.setter
@@ -110,6 +126,15 @@ class Blob:
     def share_diff(self, other):
         self._shape = other.shape
         self._diff = other.diff
+
+    def share_reshaped(self, other):
+        """View other's data and diff in this blob's own shape (same count): Reshape and Flatten share memory with
+        their bottom, as Caffe's ShareData/ShareDiff do, so neither forward nor backward copies anything."""
+        if count(self._shape) != other.count:
+            raise NetError("cannot share a blob of shape %s as shape %s" % (other.shape, self._shape))
+        self._dtype = other.dtype
+        self._data = other.data.reshape(self._shape)
+        self._diff = other.diff.reshape(self._shape)
 
     def __repr__(self):
         return "Blob(%s)" % (self._shape,)
