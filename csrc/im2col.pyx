@@ -1,15 +1,24 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """CPU im2col / col2im, as Caffe's src/caffe/util/im2col.cpp (im2col_cpu, col2im_cpu, im2col_nd_cpu, col2im_nd_cpu).
 
-Plain functions over contiguous float32 buffers of ONE image with explicit shapes; the loops run without the GIL.
-The column buffer is (channels * prod(kernel), *output) in C order: row (c * kh + i) * kw + j holds kernel tap
-(i, j) of channel c, exactly as Caffe lays it out. Output sizes use C's truncating division, as Caffe does:
+Plain functions over contiguous float32 or float64 buffers with explicit shapes; the loops run without the GIL.
+For one image the column buffer is (channels * prod(kernel), *output) in C order: row (c * kh + i) * kw + j holds
+kernel tap (i, j) of channel c, exactly as Caffe lays it out. Output sizes use C's truncating division, as Caffe:
     out = (in + 2 * pad - (dilation * (kernel - 1) + 1)) / stride + 1
+The batch functions lay out the columns of N images as (rows, N, *output): row r of image n starts at r * ld + n * P
+with ld = N * P, P = prod(output). One GEMM over that buffer does the whole batch (instead of Caffe's per-image
+loop), and images are processed in parallel (OpenMP) because each writes its own part of the output.
 Python wrappers that allocate the outputs: pycaffe_dist/backend/im2col.py.
 """
+from cython.parallel cimport prange
+
+ctypedef fused real:
+    float
+    double
 
 cdef enum:
     MAX_AXES = 32  # Caffe's kMaxBlobAxes
+    PARALLEL_MIN = 65536  # elements to copy before threads pay for their start-up (and for a busy machine)
 
 
 cdef inline bint _inside(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -21,16 +30,18 @@ cdef inline int _out_dim(int size, int kernel, int pad, int stride, int dilation
     return (size + 2 * pad - (dilation * (kernel - 1) + 1)) // stride + 1  # C truncation (cdivision)
 
 
-cdef void _im2col_2d(const float* im, int channels, int height, int width, int kernel_h, int kernel_w,
+cdef void _im2col_2d(const real* im, int channels, int height, int width, int kernel_h, int kernel_w,
                      int pad_h, int pad_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
-                     int output_h, int output_w, float* col) noexcept nogil:
+                     int output_h, int output_w, real* col, Py_ssize_t ld) noexcept nogil:
     cdef Py_ssize_t channel_size = <Py_ssize_t>height * width
-    cdef Py_ssize_t input_row, input_col, k = 0
+    cdef Py_ssize_t input_row, input_col, k, row = 0
     cdef int c, kernel_row, kernel_col, oh, ow
     for c in range(channels):
         for kernel_row in range(kernel_h):
             for kernel_col in range(kernel_w):
                 input_row = -pad_h + kernel_row * dilation_h
+                k = row * ld
+                row += 1
                 for oh in range(output_h):
                     if not _inside(input_row, height):
                         for ow in range(output_w):
@@ -49,11 +60,11 @@ cdef void _im2col_2d(const float* im, int channels, int height, int width, int k
         im += channel_size
 
 
-cdef void _col2im_2d(const float* col, int channels, int height, int width, int kernel_h, int kernel_w,
+cdef void _col2im_2d(const real* col, int channels, int height, int width, int kernel_h, int kernel_w,
                      int pad_h, int pad_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
-                     int output_h, int output_w, float* im) noexcept nogil:
+                     int output_h, int output_w, real* im, Py_ssize_t ld) noexcept nogil:
     cdef Py_ssize_t channel_size = <Py_ssize_t>height * width
-    cdef Py_ssize_t input_row, input_col, i, k = 0
+    cdef Py_ssize_t input_row, input_col, i, k, row = 0
     cdef int c, kernel_row, kernel_col, oh, ow
     for i in range(channel_size * channels):
         im[i] = 0
@@ -61,6 +72,8 @@ cdef void _col2im_2d(const float* col, int channels, int height, int width, int 
         for kernel_row in range(kernel_h):
             for kernel_col in range(kernel_w):
                 input_row = -pad_h + kernel_row * dilation_h
+                k = row * ld
+                row += 1
                 for oh in range(output_h):
                     if not _inside(input_row, height):
                         k += output_w
@@ -75,10 +88,11 @@ cdef void _col2im_2d(const float* col, int channels, int height, int width, int 
         im += channel_size
 
 
-cdef void _im2col_nd_core(const float* data_input, bint im2col, int num_axes, const int* im_shape,
+cdef void _im2col_nd_core(const real* data_input, bint im2col, int num_axes, const int* im_shape,
                           const int* col_shape, const int* kernel, const int* pad, const int* stride,
-                          const int* dilation, float* data_output) noexcept nogil:
-    # Caffe's im2col_nd_core_cpu: im_shape = (channels, *spatial), col_shape = (channels * prod(kernel), *out).
+                          const int* dilation, real* data_output, Py_ssize_t ld) noexcept nogil:
+    # Caffe's im2col_nd_core_cpu: im_shape = (channels, *spatial), col_shape = (channels * prod(kernel), *out);
+    # column row r starts at r * ld.
     cdef int d_offset[MAX_AXES]
     cdef int d_iter[MAX_AXES]
     cdef Py_ssize_t im_size, index_col, index_im
@@ -104,7 +118,7 @@ cdef void _im2col_nd_core(const float* data_input, bint im2col, int num_axes, co
         incremented = True
         while incremented:
             # Loop over spatial axes in forward order: indices in image and column, and padding or not.
-            index_col = c_col
+            index_col = 0
             index_im = c_col // kernel_size
             is_padding = False
             for d_i in range(num_axes):
@@ -113,6 +127,7 @@ cdef void _im2col_nd_core(const float* data_input, bint im2col, int num_axes, co
                 is_padding = is_padding or d_im < 0 or d_im >= im_shape[d_i + 1]
                 index_col = index_col * col_shape[d_i + 1] + d
                 index_im = index_im * im_shape[d_i + 1] + d_im
+            index_col += c_col * ld
             if im2col:
                 data_output[index_col] = 0 if is_padding else data_input[index_im]
             elif not is_padding:
@@ -171,8 +186,21 @@ def col_shape(im_shape, kernel, pad, stride, dilation):
     return tuple(c_col[i] for i in range(n + 1))
 
 
-def _run(const float[::1] src, float[::1] dst, im_shape, kernel, pad, stride, dilation, bint forward,
-         bint force_nd):
+cdef void _one(const real* src, real* dst, int n, const int* c_im, const int* c_col, const int* k, const int* p,
+               const int* s, const int* dl, bint forward, bint force_nd, Py_ssize_t ld) noexcept nogil:
+    if n == 2 and not force_nd:
+        if forward:
+            _im2col_2d(src, c_im[0], c_im[1], c_im[2], k[0], k[1], p[0], p[1], s[0], s[1], dl[0], dl[1],
+                       c_col[1], c_col[2], dst, ld)
+        else:
+            _col2im_2d(src, c_im[0], c_im[1], c_im[2], k[0], k[1], p[0], p[1], s[0], s[1], dl[0], dl[1],
+                       c_col[1], c_col[2], dst, ld)
+    else:
+        _im2col_nd_core(src, forward, n, c_im, c_col, k, p, s, dl, dst, ld)
+
+
+def _run(const real[::1] src, real[::1] dst, Py_ssize_t num, im_shape, kernel, pad, stride, dilation,
+         bint forward, bint force_nd, bint batch_layout):
     cdef int c_im[MAX_AXES]
     cdef int c_col[MAX_AXES]
     cdef int k[MAX_AXES]
@@ -182,10 +210,10 @@ def _run(const float[::1] src, float[::1] dst, im_shape, kernel, pad, stride, di
     cdef int n = _geometry(tuple(im_shape), tuple(kernel), tuple(pad), tuple(stride), tuple(dilation), c_im,
                            c_col, k, p, s, dl)
     cdef Py_ssize_t im_count = _prod(c_im, n + 1), col_count = _prod(c_col, n + 1)
-    cdef Py_ssize_t src_count = im_count if forward else col_count
-    cdef Py_ssize_t dst_count = col_count if forward else im_count
-    cdef int i
-    cdef Py_ssize_t j
+    cdef Py_ssize_t positions = _prod(c_col + 1, n)
+    cdef Py_ssize_t src_count = num * (im_count if forward else col_count)
+    cdef Py_ssize_t dst_count = num * (col_count if forward else im_count)
+    cdef Py_ssize_t j, i
     for i in range(n + 1):
         if c_col[i] < 0:
             raise ValueError("negative im2col output size: image %r, kernel %r, pad %r, stride %r, dilation %r"
@@ -200,27 +228,35 @@ def _run(const float[::1] src, float[::1] dst, im_shape, kernel, pad, stride, di
             for j in range(dst_count):
                 dst[j] = 0
         return
-    cdef const float* a = &src[0]
-    cdef float* b = &dst[0]
-    with nogil:
-        if n == 2 and not force_nd:
-            if forward:
-                _im2col_2d(a, c_im[0], c_im[1], c_im[2], k[0], k[1], p[0], p[1], s[0], s[1], dl[0], dl[1],
-                           c_col[1], c_col[2], b)
-            else:
-                _col2im_2d(a, c_im[0], c_im[1], c_im[2], k[0], k[1], p[0], p[1], s[0], s[1], dl[0], dl[1],
-                           c_col[1], c_col[2], b)
-        else:
-            _im2col_nd_core(a, forward, n, c_im, c_col, k, p, s, dl, b)
+    cdef const real* a = &src[0]
+    cdef real* b = &dst[0]
+    # batch layout: (rows, num, *out); image layout: num buffers (rows, *out) one after the other
+    cdef Py_ssize_t ld = num * positions if batch_layout else positions
+    cdef Py_ssize_t col_step = positions if batch_layout else col_count
+    cdef Py_ssize_t img
+    if num == 1:
+        with nogil:
+            _one(a, b, n, c_im, c_col, k, p, s, dl, forward, force_nd, ld)
+    elif forward:
+        for img in prange(num, nogil=True, schedule="static", use_threads_if=num * col_count > PARALLEL_MIN):
+            _one(a + img * im_count, b + img * col_step, n, c_im, c_col, k, p, s, dl, True, force_nd, ld)
+    else:
+        for img in prange(num, nogil=True, schedule="static", use_threads_if=num * col_count > PARALLEL_MIN):
+            _one(a + img * col_step, b + img * im_count, n, c_im, c_col, k, p, s, dl, False, force_nd, ld)
 
 
-def im2col(const float[::1] im, float[::1] col, im_shape, kernel, pad, stride, dilation, bint force_nd=False):
-    """Fill `col` (flat, col_shape(...) elements) from the flat image `im` of shape im_shape = (C, *spatial).
+def im2col(const real[::1] im, real[::1] col, im_shape, kernel, pad, stride, dilation, bint force_nd=False,
+           Py_ssize_t num=1, bint batch_layout=True):
+    """Fill `col` (flat) from the flat images `im`: `num` images of shape im_shape = (C, *spatial).
 
+    One image gives the (rows, *output) buffer; num images the batch layout (rows, num, *output), or with
+    batch_layout False the num buffers (num, rows, *output) of Caffe's Im2col layer.
     Two spatial axes take Caffe's im2col_cpu unless force_nd; any other number takes im2col_nd_cpu."""
-    _run(im, col, im_shape, kernel, pad, stride, dilation, True, force_nd)
+    _run(im, col, num, im_shape, kernel, pad, stride, dilation, True, force_nd, batch_layout)
 
 
-def col2im(const float[::1] col, float[::1] im, im_shape, kernel, pad, stride, dilation, bint force_nd=False):
-    """Overwrite the flat image `im` (shape im_shape) with the sum of the column entries that map to each pixel."""
-    _run(col, im, im_shape, kernel, pad, stride, dilation, False, force_nd)
+def col2im(const real[::1] col, real[::1] im, im_shape, kernel, pad, stride, dilation, bint force_nd=False,
+           Py_ssize_t num=1, bint batch_layout=True):
+    """Overwrite the flat images `im` with the sum of the column entries that map to each pixel (the adjoint
+    of im2col, same layouts)."""
+    _run(col, im, num, im_shape, kernel, pad, stride, dilation, False, force_nd, batch_layout)

@@ -1,4 +1,5 @@
 """im2col / col2im for one image on the CPU: allocate the output, call the Cython kernel (csrc/im2col.pyx).
+Float32 and float64 arrays keep their dtype; anything else is computed in float32.
 
 An image is an array of shape (channels, *spatial); its column buffer has shape (channels * prod(kernel), *out)
 with out[i] = (spatial[i] + 2 * pad[i] - (dilation[i] * (kernel[i] - 1) + 1)) / stride[i] + 1 (C division), as
@@ -40,19 +41,28 @@ def col_shape(im_shape, kernel, pad=0, stride=1, dilation=1):
     return _col_shape(_geometry(im_shape, kernel, pad, stride, dilation))
 
 
-def _flat(array):
-    return np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+def _dtype(array):
+    dtype = np.asarray(array).dtype
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+def _flat(array, dtype):
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1)
+
+
+def _check_out(name, out, shape, dtype):
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError("%s: out must be a C-contiguous %s array of shape %s" % (name, dtype, shape))
 
 
 def im2col(im, kernel, pad=0, stride=1, dilation=1, force_nd=False, out=None):
-    """The column buffer of `im` (channels, *spatial); written into `out` (float32, C-contiguous) if given."""
+    """The column buffer of `im` (channels, *spatial); written into `out` (C-contiguous, im's dtype) if given."""
     geometry = _geometry(np.shape(im), kernel, pad, stride, dilation)
-    shape = _col_shape(geometry)
+    shape, dtype = _col_shape(geometry), _dtype(im)
     if out is None:
-        out = np.empty(shape, dtype=np.float32)
-    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError("im2col: out must be a C-contiguous float32 array of shape %s" % (shape,))
-    _k.im2col(_flat(im), out.reshape(-1), *geometry, force_nd=force_nd)
+        out = np.empty(shape, dtype=dtype)
+    _check_out("im2col", out, shape, dtype)
+    _k.im2col(_flat(im, dtype), out.reshape(-1), *geometry, force_nd=force_nd)
     return out
 
 
@@ -62,9 +72,9 @@ def col2im(col, im_shape, kernel, pad=0, stride=1, dilation=1, force_nd=False, o
     shape = _col_shape(geometry)
     if np.size(col) != int(np.prod(shape)):
         raise ValueError("col2im: column buffer of shape %s, expected %s" % (np.shape(col), shape))
+    dtype = _dtype(col)
     if out is None:
-        out = np.empty(geometry[0], dtype=np.float32)
-    elif out.shape != geometry[0] or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError("col2im: out must be a C-contiguous float32 array of shape %s" % (geometry[0],))
-    _k.col2im(_flat(col), out.reshape(-1), *geometry, force_nd=force_nd)
+        out = np.empty(geometry[0], dtype=dtype)
+    _check_out("col2im", out, geometry[0], dtype)
+    _k.col2im(_flat(col, dtype), out.reshape(-1), *geometry, force_nd=force_nd)
     return out

@@ -1,8 +1,12 @@
-"""Convolution, Deconvolution and Im2col (im2col/col2im kernels in csrc/im2col.pyx).
+"""Convolution, Deconvolution and Im2col (im2col/col2im kernels in csrc/im2col.pyx, GEMMs in backend/conv.py).
 
 Parameter parsing and shapes follow Caffe's src/caffe/layers/base_conv_layer.cpp (LayerSetUp, Reshape),
-conv_layer.cpp / deconv_layer.cpp (compute_output_shape) and im2col_layer.cpp.
+conv_layer.cpp / deconv_layer.cpp (compute_output_shape, Forward_cpu, Backward_cpu) and im2col_layer.cpp.
 """
+import numpy as np
+
+from ..backend.conv import ConvEngine
+from .._kernels import im2col as _k
 from ..net.blob import count
 from .base import Layer, c_div, check_param_shapes, checked_axis
 from .registry import register
@@ -108,6 +112,54 @@ class _BaseConvolution(Layer):
         top_shape = shape[:self.channel_axis] + (self.num_output,) + self.output_spatial
         for t in top:
             t.reshape(top_shape)
+        self.num = count(shape, 0, self.channel_axis)
+        # The engine unrolls the side im2col reads: the bottom of a convolution, the top of a deconvolution.
+        if self.reverse_dimensions:
+            im_shape, out_channels = (self.num_output,) + self.output_spatial, self.channels
+        else:
+            im_shape, out_channels = (self.channels,) + self.input_spatial, self.num_output
+        key = (im_shape, out_channels)
+        if getattr(self, "_engine_key", None) != key:
+            self._engine_key = key
+            self.engine = ConvEngine(im_shape, self.kernel, self.pad, self.stride, self.dilation, self.group,
+                                     out_channels, self.force_nd_im2col)
+
+    def _images(self, array, channels):
+        return array.reshape((self.num, channels) + array.shape[self.channel_axis + 1:])
+
+    def _bias(self):
+        return self.blobs[1].data if self.bias_term else None
+
+    def forward(self, bottom, top):
+        w, c_in, c_out = self.blobs[0].data, self.channels, self.num_output
+        for b, t in zip(bottom, top):
+            x, y = self._images(b.data, c_in), self._images(t.data, c_out)
+            if self.reverse_dimensions:
+                self.engine.output_to_image(w, x, ims_out=y)
+                if self.bias_term:
+                    y.reshape(self.num, c_out, -1)[...] += self._bias()[:, None]
+            else:
+                self.engine.image_to_output(w, x, out=y, bias=self._bias())
+
+    def backward(self, top, propagate_down, bottom):
+        w, c_in, c_out = self.blobs[0].data, self.channels, self.num_output
+        want_w = self.param_propagate_down[0]
+        want_b = self.bias_term and self.param_propagate_down[1]
+        dw = self.blobs[0].diff if want_w else None
+        for i, (t, b) in enumerate(zip(top, bottom)):
+            dy = self._images(t.diff, c_out)
+            if want_b:
+                self.blobs[1].diff[...] += dy.reshape(self.num, c_out, -1).sum(axis=(0, 2))
+            dx = self._images(b.diff, c_in) if propagate_down[i] else None
+            if dw is None and dx is None:
+                continue
+            x = self._images(b.data, c_in)
+            if self.reverse_dimensions:
+                # Deconvolution: its backward is a convolution of the top diff (Caffe's weight_cpu_gemm with
+                # the roles swapped, then forward_cpu_gemm).
+                self.engine.image_to_output(w, dy, out=dx, dw=dw, y=x)
+            else:
+                self.engine.output_to_image(w, dy, ims_out=dx, dw=dw, ims_in=x)
 
     def flops(self, bottom, top):
         # Per image: a GEMM of (conv_out / g) x (kernel_dim) x (conv spatial size) per group, 2 ops per MAC,
@@ -156,6 +208,20 @@ class Im2colLayer(Layer):
         self.check(all(d >= 0 for d in out), "the kernel does not fit the input %s" % (shape,))
         top_shape = shape[:self.channel_axis] + (shape[self.channel_axis] * count(self.kernel),) + out
         top[0].reshape(top_shape)
+        self.num = count(shape, 0, self.channel_axis)
+        self.im_shape = shape[self.channel_axis:]
+
+    def _run(self, src, dst, kernel_function):
+        # All images in one call, each written as its own (rows, *out) buffer (not the GEMM batch layout).
+        kernel_function(src.reshape(-1), dst.reshape(-1), self.im_shape, self.kernel, self.pad, self.stride,
+                        self.dilation, self.force_nd_im2col, self.num, False)
+
+    def forward(self, bottom, top):
+        self._run(np.ascontiguousarray(bottom[0].data), top[0].data, _k.im2col)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self._run(np.ascontiguousarray(top[0].diff), bottom[0].diff, _k.col2im)
 
     def flops(self, bottom, top):
         return 0   # data movement only

@@ -1,4 +1,6 @@
 """InnerProduct and Embed, after Caffe's src/caffe/layers/inner_product_layer.cpp and embed_layer.cpp."""
+import numpy as np
+
 from ..net.blob import count
 from .base import Layer, check_param_shapes, checked_axis
 from .registry import register
@@ -37,6 +39,26 @@ class InnerProductLayer(Layer):
         self.M = count(shape, 0, axis)
         top[0].reshape(shape[:axis] + (self.num_output,))
 
+    def forward(self, bottom, top):
+        x = bottom[0].data.reshape(self.M, self.K)
+        w = self.blobs[0].data
+        y = top[0].data.reshape(self.M, self.num_output)
+        np.dot(x, w if self.transpose else w.T, out=y)
+        if self.bias_term:
+            y += self.blobs[1].data
+
+    def backward(self, top, propagate_down, bottom):
+        dy = top[0].diff.reshape(self.M, self.num_output)
+        x = bottom[0].data.reshape(self.M, self.K)
+        if self.param_propagate_down[0]:
+            # Caffe accumulates: its GEMM has beta = 1.
+            self.blobs[0].diff[...] += np.dot(x.T, dy) if self.transpose else np.dot(dy.T, x)
+        if self.bias_term and self.param_propagate_down[1]:
+            self.blobs[1].diff[...] += dy.sum(axis=0)
+        if propagate_down[0]:
+            w = self.blobs[0].data
+            np.dot(dy, w.T if self.transpose else w, out=bottom[0].diff.reshape(self.M, self.K))
+
     def flops(self, bottom, top):
         return self.M * self.num_output * (2 * self.K + (1 if self.bias_term else 0))
 
@@ -67,6 +89,30 @@ class EmbedLayer(Layer):
 
     def reshape(self, bottom, top):
         top[0].reshape(bottom[0].shape + (self.num_output,))
+
+    def _indices(self, bottom):
+        values = bottom[0].data.reshape(-1)
+        index = values.astype(np.int64)
+        bad = (index < 0) | (index >= self.input_dim) | (index != values)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise self.error("input %d is %r: expected an integer index in [0, %d) (input_dim)"
+                             % (i, float(values[i]), self.input_dim))
+        return index
+
+    def forward(self, bottom, top):
+        y = top[0].data.reshape(-1, self.num_output)
+        np.take(self.blobs[0].data, self._indices(bottom), axis=0, out=y)
+        if self.bias_term:
+            y += self.blobs[1].data
+
+    def backward(self, top, propagate_down, bottom):
+        self.check(not propagate_down[0], "Can't backpropagate to EmbedLayer input.")
+        dy = top[0].diff.reshape(-1, self.num_output)
+        if self.param_propagate_down[0]:
+            np.add.at(self.blobs[0].diff, self._indices(bottom), dy)   # repeated indices add up
+        if self.bias_term and self.param_propagate_down[1]:
+            self.blobs[1].diff[...] += dy.sum(axis=0)
 
     def allow_force_backward(self, bottom_index):
         # Caffe's Embed backward CHECKs "Can't backpropagate to EmbedLayer input." and does not override

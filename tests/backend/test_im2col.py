@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.backend.im2col import col2im, col_shape, im2col
+from pycaffe_dist._kernels import im2col as _k
 from tests.conftest import GOLDEN, load_npz
 from tests.layers.golden_shapes import check_case_shapes
 
@@ -119,10 +120,39 @@ def test_errors():
         im2col(np.zeros((1, 4, 4), np.float32), 3, stride=0)
 
 
-def test_accepts_non_contiguous_and_float64_input():
+def test_accepts_non_contiguous_input_and_keeps_float64():
     x = np.random.default_rng(2).standard_normal((3, 8, 8))
     view = x[:, ::2, ::2]
-    np.testing.assert_array_equal(im2col(view, 2), im2col_ref(view.astype(np.float32), (2, 2), (0, 0), (1, 1), (1, 1)))
+    got = im2col(view, 2)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, im2col_ref(view, (2, 2), (0, 0), (1, 1), (1, 1)))
+    np.testing.assert_array_equal(im2col(view.astype(np.float32), 2),
+                                  im2col_ref(view.astype(np.float32), (2, 2), (0, 0), (1, 1), (1, 1)))
+    assert im2col(view.astype(np.int32), 2).dtype == np.float32
+
+
+@pytest.mark.parametrize("im_shape,kernel,pad,stride,dilation,force_nd", [
+    ((3, 7, 6), (3, 2), (1, 0), (2, 1), (1, 2), False),
+    ((2, 5, 6), (2, 2), (0, 1), (1, 2), (1, 1), True),
+    ((2, 4, 5, 3), (2, 3, 2), (1, 0, 1), (1, 2, 1), (1, 1, 2), False),
+])
+def test_batch_layout_is_the_per_image_buffers_side_by_side(im_shape, kernel, pad, stride, dilation, force_nd):
+    """num images give (rows, num, *out): row r of image n equals row r of that image's own buffer; col2im of the
+    batch buffer gives each image's col2im."""
+    num = 3
+    rng = np.random.default_rng(5)
+    ims = rng.standard_normal((num,) + im_shape)
+    shape = col_shape(im_shape, kernel, pad, stride, dilation)
+    batch = np.empty((shape[0], num) + shape[1:])
+    _k.im2col(ims.reshape(-1), batch.reshape(-1), im_shape, kernel, pad, stride, dilation, force_nd, num)
+    for n in range(num):
+        np.testing.assert_array_equal(batch[:, n], im2col(ims[n], kernel, pad, stride, dilation, force_nd))
+    cols = rng.standard_normal(batch.shape)
+    back = np.empty_like(ims)
+    _k.col2im(cols.reshape(-1), back.reshape(-1), im_shape, kernel, pad, stride, dilation, force_nd, num)
+    for n in range(num):
+        np.testing.assert_allclose(back[n], col2im(np.ascontiguousarray(cols[:, n]), im_shape, kernel, pad, stride,
+                                                   dilation, force_nd), rtol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["deconv_stride2", "deconv_stride2_pad1", "deconv_bilinear_group"])

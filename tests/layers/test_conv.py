@@ -1,0 +1,132 @@
+"""Convolution, Deconvolution and Im2col: gradients (Caffe's checker), a direct reference, chunking, errors."""
+import itertools
+
+import numpy as np
+import pytest
+
+from pycaffe_dist.backend import conv as conv_backend
+from tests.layers.gradient_checker import GradientChecker, check_layer, layer_param
+
+RNG = np.random.default_rng(11)
+
+
+def conv_text(kind="Convolution", extra="", num_output=4, filler="gaussian std: 0.5"):
+    return ('type: "%s" convolution_param { num_output: %d %s weight_filler { type: "gaussian" std: 0.5 } '
+            'bias_filler { type: "gaussian" std: 0.5 } }' % (kind, num_output, extra))
+
+
+@pytest.mark.parametrize("extra,shape", [
+    ("kernel_size: 3 stride: 2", (2, 3, 6, 5)),                    # Caffe's TestGradient
+    ("kernel_size: 3 stride: 2 pad: 1 group: 2", (2, 4, 5, 5)),     # TestGradientGroup (with padding)
+    ("kernel_size: 3 dilation: 2", (2, 3, 7, 6)),                   # TestDilatedGradient
+    ("kernel_size: 1", (2, 3, 4, 3)),                               # the 1x1 path (no im2col)
+    ("kernel_h: 2 kernel_w: 3 stride_h: 1 stride_w: 2 pad_h: 1 pad_w: 0 bias_term: false", (1, 2, 5, 6)),
+    ("kernel_size: 2 stride: 1 pad: 1", (1, 2, 3, 4, 3)),          # TestGradient3D
+    ("kernel_size: 2 stride: 2 force_nd_im2col: true", (2, 2, 4, 5)),
+    ("kernel_size: 2 axis: 2", (2, 1, 2, 4, 4)),                     # leading axes are batch axes
+])
+def test_convolution_gradient(extra, shape):
+    check_layer(conv_text(extra=extra), [RNG.standard_normal(shape)])
+
+
+def test_convolution_two_bottoms_share_weights():
+    check_layer(conv_text(extra="kernel_size: 2 stride: 1"),
+                [RNG.standard_normal((1, 2, 4, 4)), RNG.standard_normal((1, 2, 4, 4))], num_tops=2)
+
+
+@pytest.mark.parametrize("extra,shape", [
+    ("kernel_size: 3 stride: 2", (2, 3, 3, 3)),                     # Caffe's TestGradient (deconv)
+    ("kernel_size: 4 stride: 2 pad: 1 group: 2", (1, 4, 3, 2)),
+    ("kernel_size: 2 dilation: 2", (1, 2, 3, 3)),
+    ("kernel_size: 1 bias_term: false", (2, 3, 2, 3)),
+    ("kernel_size: 2 stride: 1 pad: 1", (1, 2, 3, 2, 3)),          # TestGradient3D (deconv)
+])
+def test_deconvolution_gradient(extra, shape):
+    check_layer(conv_text("Deconvolution", extra), [RNG.standard_normal(shape)])
+
+
+@pytest.mark.parametrize("extra,shape", [
+    ("kernel_size: 3 stride: 2", (2, 3, 6, 5)),
+    ("kernel_h: 2 kernel_w: 3 pad_h: 1 pad_w: 0 stride_h: 1 stride_w: 2 dilation: 2", (1, 2, 5, 7)),
+    ("kernel_size: 2 pad: 1", (1, 2, 3, 4, 3)),
+])
+def test_im2col_layer_gradient(extra, shape):
+    check_layer('type: "Im2col" convolution_param { %s }' % extra, [RNG.standard_normal(shape)])
+
+
+def direct_convolution(x, w, b, stride, pad, dilation, group):
+    """Textbook 2-D convolution (cross-correlation) in float64, one output element at a time."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.zeros((n, c, h + 2 * pad, wd + 2 * pad))
+    xp[:, :, pad:pad + h, pad:pad + wd] = x
+    oh = (h + 2 * pad - (dilation * (kh - 1) + 1)) // stride + 1
+    ow = (wd + 2 * pad - (dilation * (kw - 1) + 1)) // stride + 1
+    out = np.zeros((n, m, oh, ow))
+    mg = m // group
+    for img, o, i, j in itertools.product(range(n), range(m), range(oh), range(ow)):
+        g = o // mg
+        patch = xp[img, g * cg:(g + 1) * cg, i * stride:i * stride + dilation * (kh - 1) + 1:dilation,
+                   j * stride:j * stride + dilation * (kw - 1) + 1:dilation]
+        out[img, o, i, j] = (patch * w[o]).sum() + b[o]
+    return out
+
+
+@pytest.mark.parametrize("chunk_bytes", [conv_backend.COL_CHUNK_BYTES, 1])
+def test_forward_equals_direct_convolution_in_every_chunking(monkeypatch, chunk_bytes):
+    """Batches are cut into chunks by the column buffer's size: one image per chunk gives the same numbers."""
+    monkeypatch.setattr(conv_backend, "COL_CHUNK_BYTES", chunk_bytes)
+    x = RNG.standard_normal((3, 4, 7, 6))
+    gc = GradientChecker()
+    layer, bottom, top = gc.make(layer_param(conv_text(extra="kernel_size: 3 stride: 2 pad: 1 dilation: 2 group: 2",
+                                                       num_output=6)), [x])
+    layer.forward(bottom, top)
+    w, b = layer.blobs[0].data, layer.blobs[1].data
+    np.testing.assert_allclose(top[0].data, direct_convolution(x, w, b, 2, 1, 2, 2), rtol=1e-12, atol=1e-12)
+    gc.check(layer, bottom, top)
+
+
+def test_deconvolution_is_the_adjoint_of_convolution():
+    """<conv(x), y> == <x, deconv(y)> for shared weights without bias: the two layers are transposes."""
+    text = "kernel_size: 3 stride: 2 pad: 1 group: 2 bias_term: false"
+    x, y = RNG.standard_normal((2, 4, 7, 7)), RNG.standard_normal((2, 6, 4, 4))
+    gc = GradientChecker()
+    conv, cb, ct = gc.make(layer_param(conv_text("Convolution", text, num_output=6)), [x])
+    deconv, db, dt = gc.make(layer_param(conv_text("Deconvolution", text, num_output=4)), [y])
+    deconv.blobs[0].data[...] = conv.blobs[0].data      # (6, 2, 3, 3) both: out 6 <- in 4 / group
+    conv.forward(cb, ct)
+    deconv.forward(db, dt)
+    assert dt[0].shape == x.shape
+    np.testing.assert_allclose((ct[0].data * y).sum(), (x * dt[0].data).sum(), rtol=1e-12)
+
+
+def test_param_diffs_accumulate_and_bottom_diffs_are_overwritten():
+    x = RNG.standard_normal((2, 3, 5, 5))
+    gc = GradientChecker()
+    layer, bottom, top = gc.make(layer_param(conv_text(extra="kernel_size: 3")), [x])
+    layer.forward(bottom, top)
+    top[0].diff[...] = RNG.standard_normal(top[0].shape)
+    layer.backward(top, [True], bottom)
+    once_w, once_x = layer.blobs[0].diff.copy(), bottom[0].diff.copy()
+    layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(layer.blobs[0].diff, 2 * once_w)
+    np.testing.assert_allclose(bottom[0].diff, once_x)
+
+
+def test_float32_and_float64_give_the_same_numbers():
+    x = RNG.standard_normal((2, 3, 6, 6))
+    text = conv_text(extra="kernel_size: 3 stride: 2 pad: 1")
+    gc = GradientChecker()
+    l64, b64, t64 = gc.make(layer_param(text), [x])
+    l64.forward(b64, t64)
+    from pycaffe_dist.layers import create_layer
+    from pycaffe_dist.net.blob import Blob
+    b32, t32 = [Blob(x.shape)], [Blob()]
+    b32[0].data[...] = x
+    l32 = create_layer(layer_param(text))
+    l32.setup(b32, t32)
+    for p32, p64 in zip(l32.blobs, l64.blobs):
+        p32.data[...] = p64.data
+    l32.forward(b32, t32)
+    assert t32[0].data.dtype == np.float32
+    np.testing.assert_allclose(t32[0].data, t64[0].data, rtol=1e-4, atol=1e-5)
