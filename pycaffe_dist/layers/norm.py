@@ -1,4 +1,7 @@
 """LRN, MVN and BatchNorm, after Caffe's src/caffe/layers/lrn_layer.cpp, mvn_layer.cpp and batch_norm_layer.cpp."""
+import numpy as np
+
+from ..backend import lrn as lrn_kernels
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
@@ -25,6 +28,45 @@ class LRNLayer(Layer):
         self.check(len(bottom[0].shape) == 4, LEGACY_4D)
         top[0].reshape(bottom[0].shape)
 
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        if self.across_channels:
+            self.scale = np.empty_like(x)   # Caffe's scale_, kept for the backward
+            lrn_kernels.cross_channel_forward(x, self.scale, top[0].data, self.size, self.alpha, self.beta, self.k)
+        else:
+            top[0].data[...] = x * self._within_channel_forward(x)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if self.across_channels:
+            lrn_kernels.cross_channel_backward(bottom[0].data, top[0].data, self.scale, top[0].diff,
+                                               bottom[0].diff, self.size, self.alpha, self.beta)
+        else:
+            self._within_channel_backward(bottom[0].data, top[0].diff, bottom[0].diff)
+
+    # WITHIN_CHANNEL: Caffe wires Split -> Power (x^2) -> AVE Pooling (size x size, pad (size - 1) / 2, stride 1)
+    # -> Power (1 + alpha * pooled)^-beta -> Eltwise PROD with x. The pooling window never reaches past the padding
+    # here, so its divisor is always size^2; and the sub-net's Power layer uses shift 1: k is ignored.
+
+    def _within_channel_forward(self, x):
+        """The Power layer's output (1 + alpha * window mean of x^2)^-beta; keeps what the backward needs."""
+        dt = x.dtype.type
+        self.pooled = lrn_kernels.window_sum(x * x, self.size) / dt(self.size * self.size)
+        self.power = np.power(dt(self.alpha) * self.pooled + dt(1), dt(-self.beta))
+        return self.power
+
+    def _within_channel_backward(self, x, top_diff, bottom_diff):
+        dt = x.dtype.type
+        # Power layer backward (power -beta, scale alpha, shift 1): dy/dp = y / (1 + alpha * p) * (-beta * alpha);
+        # its top diff is the product's diff for the power input, x * top_diff.
+        pooled_diff = (x * top_diff) * (self.power / (dt(self.alpha) * self.pooled + dt(1))
+                                        * (dt(-self.beta) * dt(self.alpha)))
+        # AVE pooling backward spreads diff / size^2 over the same symmetric window (stride 1); the square's
+        # backward multiplies by 2x; Split adds the product's own diff, power * top_diff.
+        square_diff = lrn_kernels.window_sum(pooled_diff / dt(self.size * self.size), self.size)
+        bottom_diff[...] = self.power * top_diff + square_diff * (dt(2) * x)
+
     def flops(self, bottom, top):
         # Per element: a window of squares summed (2 per element of the window), scale = k + alpha/n * sum (2),
         # the power (counted 1) and the product (1).
@@ -44,6 +86,36 @@ class MVNLayer(Layer):
         b = bottom[0]
         self.check(len(b.shape) <= 4, "Cannot use legacy accessors on Blobs with > 4 axes (bottom %s)." % (b.shape,))
         top[0].reshape((b.num, b.channels, b.height, b.width))
+
+    def _rows(self, blob):
+        """Rows of the (rows, dim) view normalized row by row: images (across_channels) or images x channels."""
+        return blob.num if self.param.mvn_param.across_channels else blob.num * blob.channels
+
+    def forward(self, bottom, top):
+        mp = self.param.mvn_param
+        rows = self._rows(bottom[0])
+        x = bottom[0].data.reshape(rows, -1)
+        y = x - x.mean(axis=1, keepdims=True)
+        if mp.normalize_variance:
+            # Caffe adds eps to the standard deviation, not to the variance.
+            self.std = np.sqrt(np.mean(y * y, axis=1, keepdims=True)) + x.dtype.type(mp.eps)
+            y /= self.std
+        top[0].data.reshape(rows, -1)[...] = y
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        rows = self._rows(bottom[0])
+        dy = top[0].diff.reshape(rows, -1)
+        if self.param.mvn_param.normalize_variance:
+            # dx = (dy - mean(dy) - y * mean(dy * y)) / std, with Caffe's operation order.
+            y = top[0].data.reshape(rows, -1)
+            dt = y.dtype.type
+            dx = y * np.sum(dy * y, axis=1, keepdims=True) + np.sum(dy, axis=1, keepdims=True)
+            dx = (dy + dt(-1.0 / y.shape[1]) * dx) / self.std
+        else:
+            dx = dy - dy.mean(axis=1, keepdims=True)
+        bottom[0].diff.reshape(rows, -1)[...] = dx
 
     def flops(self, bottom, top):
         # mean (1 add) and subtraction (1) per element; with variance: square + add (2), divide (1), plus sqrt per
@@ -98,6 +170,54 @@ class BatchNormLayer(Layer):
         self.check(shape[1] == self.channels, "BatchNorm was set up for %d channels, bottom %s has %d"
                    % (self.channels, shape, shape[1]))
         top[0].reshape(shape)
+
+    def forward(self, bottom, top):
+        n = bottom[0].shape[0]
+        x = bottom[0].data.reshape(n, self.channels, -1)   # (num, channels, spatial)
+        dt = x.dtype.type
+        if self.use_global_stats:
+            # The stored sums are divided by the moving-average factor; a zero factor gives zero statistics.
+            factor = self.blobs[2].data.reshape(-1)[0]
+            factor = dt(0) if factor == 0 else dt(1) / dt(factor)
+            mean = factor * self.blobs[0].data.reshape(-1)
+        else:
+            mean = x.mean(axis=(0, 2))
+        centred = x - mean[:, None]
+        if self.use_global_stats:
+            variance = factor * self.blobs[1].data.reshape(-1)
+        else:
+            variance = np.mean(centred * centred, axis=(0, 2))
+            self._update_moving_averages(mean, variance, x.size // self.channels)
+        self.std = np.sqrt(variance + dt(self.eps))[:, None]    # Caffe's temp_ (broadcast) for the backward
+        # Caffe's x_norm_: later in-place layers may overwrite the top, the TRAIN backward needs it.
+        self.x_norm = centred / self.std
+        top[0].data.reshape(n, self.channels, -1)[...] = self.x_norm
+
+    def _update_moving_averages(self, mean, variance, m):
+        """blobs: mean and variance sums decayed by moving_average_fraction, and their weight s = s * maf + 1."""
+        maf = self.moving_average_fraction
+        factor = self.blobs[2].data.reshape(-1)
+        factor[0] = factor[0] * maf + 1
+        mean_sum, variance_sum = self.blobs[0].data.reshape(-1), self.blobs[1].data.reshape(-1)
+        mean_sum[...] = mean + maf * mean_sum
+        correction = m / (m - 1) if m > 1 else 1.0   # the stored variance is the unbiased estimate
+        variance_sum[...] = correction * variance + maf * variance_sum
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        n = bottom[0].shape[0]
+        # dx is built in new arrays before it is written: in place, the bottom's diff is the top's.
+        dy = top[0].diff.reshape(n, self.channels, -1)
+        if self.use_global_stats:
+            dx = dy / self.std
+        else:
+            # dx = (dy - mean(dy) - mean(dy * y) * y) / std, y = x_norm, means over the num and spatial axes.
+            y = self.x_norm
+            dt = y.dtype.type
+            dx = y * np.sum(dy * y, axis=(0, 2), keepdims=True) + np.sum(dy, axis=(0, 2), keepdims=True)
+            dx = (dy + dt(-1.0 / (y.size // self.channels)) * dx) / self.std
+        bottom[0].diff.reshape(n, self.channels, -1)[...] = dx
 
     def flops(self, bottom, top):
         # TRAIN: mean (1), subtract (1), square + sum for the variance (2), divide (1); with the stored

@@ -1,10 +1,11 @@
 """Layers that move, combine or reduce blobs: Split, Concat, Slice, Flatten, Reshape, Crop, Tile, Eltwise, Silence,
 BatchReindex, Filter, ArgMax, Reduction, Scale, Bias, Parameter."""
+import numpy as np
+
 from ..net.blob import canonical_axis, count
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
-
 
 
 def _no_in_place(layer, bottom, top):
@@ -12,9 +13,24 @@ def _no_in_place(layer, bottom, top):
         layer.check(t is not bottom[0], "%s Layer does not allow in-place computation." % layer.param.type)
 
 
+def _share(layer, top, source):
+    """top views source's data and diff (Caffe's ShareData + ShareDiff), so nothing is copied either way.
+    Caffe shares before SetLossWeights writes a top's loss weight into its diff, so the weight lives in the
+    shared diff, where the bottom's producer reads it; nothing else writes that diff."""
+    top[0].share_reshaped(source)
+    if layer.loss_weights and layer.loss_weights[0]:
+        top[0].diff[...] = layer.loss_weights[0]
+
+
+def _axis_slices(axis, start, stop):
+    """The index tuple selecting [start, stop) along `axis`."""
+    return (slice(None),) * axis + (slice(start, stop),)
+
+
 @register("Split")
 class SplitLayer(Layer):
-    """Copies its bottom to every top (the net inserts these where one blob feeds several layers)."""
+    """Gives its bottom's data to every top (the net inserts these where one blob feeds several layers); the
+    bottom's gradient is the sum of the tops' diffs."""
     exact_num_bottom = 1
     min_top = 1
 
@@ -22,6 +38,21 @@ class SplitLayer(Layer):
         _no_in_place(self, bottom, top)     # split_layer.cpp
         for t in top:
             t.reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        for t in top:
+            t.share_data(bottom[0])     # split_layer.cpp: tops share the bottom's data; each keeps its own diff
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        diff = bottom[0].diff
+        if len(top) == 1:
+            diff[...] = top[0].diff
+            return
+        np.add(top[0].diff, top[1].diff, out=diff)
+        for t in top[2:]:
+            diff += t.diff
 
 
 @register("Concat")
@@ -55,6 +86,22 @@ class ConcatLayer(Layer):
                                "(axis %d; bottom 0 %s, bottom %d %s)" % (axis, bottom[0].shape, i, b.shape))
             shape[axis] += b.shape[axis]
         top[0].reshape(shape)
+
+    def forward(self, bottom, top):
+        if len(bottom) == 1:
+            _share(self, top, bottom[0])     # concat_layer.cpp: one bottom is shared, not copied
+            return
+        np.concatenate([b.data for b in bottom], axis=self.axis, out=top[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if len(bottom) == 1:
+            return
+        diff, start = top[0].diff, 0
+        for b, down in zip(bottom, propagate_down):
+            stop = start + b.shape[self.axis]
+            if down:
+                b.diff[...] = diff[_axis_slices(self.axis, start, stop)]
+            start = stop
 
 
 @register("Slice")
@@ -98,9 +145,29 @@ class SliceLayer(Layer):
             self.check(dim % len(top) == 0, "Number of top blobs (%d) should evenly divide input slice axis (%d)"
                        % (len(top), dim))
             sizes = [dim // len(top)] * len(top)
+        self.starts = [0]
         for t, size in zip(top, sizes):
             shape[axis] = size
             t.reshape(shape)
+            self.starts.append(self.starts[-1] + size)
+
+    def _windows(self):
+        return [_axis_slices(self.axis, a, b) for a, b in zip(self.starts, self.starts[1:])]
+
+    def forward(self, bottom, top):
+        if len(top) == 1:
+            _share(self, top, bottom[0])     # slice_layer.cpp: one top is shared, not copied
+            return
+        data = bottom[0].data
+        for t, window in zip(top, self._windows()):
+            t.data[...] = data[window]
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0] or len(top) == 1:
+            return
+        diff = bottom[0].diff     # the tops cover the bottom: every element is written
+        for t, window in zip(top, self._windows()):
+            diff[window] = t.diff
 
 
 @register("Flatten")
@@ -119,6 +186,12 @@ class FlattenLayer(Layer):
         end = canonical_axis(p.end_axis, len(shape), "flatten end_axis")
         self.check(start <= end, "flatten end_axis (%d) must not come before axis (%d)" % (end, start))
         top[0].reshape(shape[:start] + (count(shape, start, end + 1),) + shape[end + 1:])
+
+    def forward(self, bottom, top):
+        _share(self, top, bottom[0])
+
+    def backward(self, top, propagate_down, bottom):
+        pass     # the top's diff is the bottom's diff
 
 
 @register("Reshape")
@@ -167,6 +240,12 @@ class ReshapeLayer(Layer):
                    % (bshape, tuple(shape)))
         top[0].reshape(shape)
 
+    def forward(self, bottom, top):
+        _share(self, top, bottom[0])
+
+    def backward(self, top, propagate_down, bottom):
+        pass     # the top's diff is the bottom's diff
+
 
 @register("Crop")
 class CropLayer(Layer):
@@ -194,6 +273,16 @@ class CropLayer(Layer):
             shape[i] = size
             self.offsets[i] = offset
         top[0].reshape(shape)
+        self.window = tuple(slice(o, o + d) for o, d in zip(self.offsets, shape))
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data[self.window]
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:      # bottom 1 only gives the shape: Caffe leaves its diff alone
+            diff = bottom[0].diff
+            diff[...] = 0
+            diff[self.window] = top[0].diff
 
 
 @register("Tile")
@@ -209,6 +298,17 @@ class TileLayer(Layer):
         shape = list(bottom[0].shape)
         shape[axis] *= p.tiles
         top[0].reshape(shape)
+        # tile_layer.cpp: the block of axes [axis, end) is repeated `tiles` times, outer_dim times over
+        self.dims = (bottom[0].count_range(0, axis), p.tiles, bottom[0].count_range(axis))
+
+    def forward(self, bottom, top):
+        outer, _, inner = self.dims
+        top[0].data.reshape(self.dims)[...] = bottom[0].data.reshape(outer, 1, inner)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            outer, _, inner = self.dims
+            np.sum(top[0].diff.reshape(self.dims), axis=1, out=bottom[0].diff.reshape(outer, inner))
 
 
 @register("Eltwise")
@@ -225,12 +325,56 @@ class EltwiseLayer(Layer):
         self.check(not (self.op == caffe_pb2.EltwiseParameter.PROD and len(p.coeff)),
                    "Eltwise layer only takes coefficients for summation.")
         self.coeffs = list(p.coeff) or [1.0] * len(bottom)
+        self.stable_prod_grad = p.stable_prod_grad
 
     def reshape(self, bottom, top):
         for i, b in enumerate(bottom[1:], 1):
             self.check(b.shape == bottom[0].shape, "all bottoms must have the same shape (bottom[0]: %s, "
                        "bottom[%d]: %s)" % (bottom[0].shape, i, b.shape))
         top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        E = caffe_pb2.EltwiseParameter
+        y = top[0].data
+        if self.op == E.PROD:
+            np.multiply(bottom[0].data, bottom[1].data, out=y)
+            for b in bottom[2:]:
+                y *= b.data
+        elif self.op == E.SUM:
+            real = y.dtype.type
+            np.multiply(bottom[0].data, real(self.coeffs[0]), out=y)
+            for b, c in zip(bottom[1:], self.coeffs[1:]):
+                y += b.data if c == 1 else real(c) * b.data
+        else:
+            # eltwise_layer.cpp: bottom 1 wins ties with bottom 0, later bottoms must be strictly greater
+            first = bottom[0].data > bottom[1].data
+            y[...] = np.where(first, bottom[0].data, bottom[1].data)
+            self.max_idx = np.where(first, 0, 1)
+            for i, b in enumerate(bottom[2:], 2):
+                greater = b.data > y
+                np.copyto(y, b.data, where=greater)
+                self.max_idx[greater] = i
+
+    def backward(self, top, propagate_down, bottom):
+        E = caffe_pb2.EltwiseParameter
+        top_diff = top[0].diff
+        for i, (b, down) in enumerate(zip(bottom, propagate_down)):
+            if not down:
+                continue
+            diff = b.diff
+            if self.op == E.PROD:
+                if self.stable_prod_grad:     # the product of the other bottoms, recomputed
+                    others = [o.data for j, o in enumerate(bottom) if j != i]
+                    diff[...] = others[0]
+                    for o in others[1:]:
+                        diff *= o
+                else:                         # top / bottom: inf or nan where the bottom is 0, as Caffe
+                    np.divide(top[0].data, b.data, out=diff)
+                diff *= top_diff
+            elif self.op == E.SUM:
+                np.multiply(top_diff, diff.dtype.type(self.coeffs[i]), out=diff)
+            else:
+                np.copyto(diff, np.where(self.max_idx == i, top_diff, 0))
 
     def flops(self, bottom, top):
         n = bottom[0].count * (len(bottom) - 1)     # one add / multiply / compare per extra bottom
@@ -248,6 +392,14 @@ class SilenceLayer(Layer):
     def reshape(self, bottom, top):
         pass
 
+    def forward(self, bottom, top):
+        pass
+
+    def backward(self, top, propagate_down, bottom):
+        for b, down in zip(bottom, propagate_down):
+            if down:
+                b.diff[...] = 0
+
 
 @register("BatchReindex")
 class BatchReindexLayer(Layer):
@@ -259,6 +411,23 @@ class BatchReindexLayer(Layer):
         self.check(len(bottom[1].shape) == 1, "the index bottom must have 1 axis, got %s" % (bottom[1].shape,))
         self.check(len(bottom[0].shape) >= 1, "the data bottom needs at least one axis")
         top[0].reshape(bottom[1].shape[:1] + bottom[0].shape[1:])
+
+    def _index(self, bottom):
+        index = bottom[1].data
+        self.check(np.all(index >= 0), "Index specified for reindex layer was negative.")
+        self.check(np.all(index < bottom[0].shape[0]), "Index specified for reindex layer was greater than batch "
+                   "size (%d)." % bottom[0].shape[0])
+        return index.astype(np.intp)       # truncates, as Caffe's static_cast<int>
+
+    def forward(self, bottom, top):
+        np.take(bottom[0].data, self._index(bottom), axis=0, out=top[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        self.check(not propagate_down[1], "Cannot backprop to index.")
+        if propagate_down[0]:
+            diff = bottom[0].diff
+            diff[...] = 0
+            np.add.at(diff, self._index(bottom), top[0].diff)    # rows picked several times accumulate
 
     def allow_force_backward(self, bottom_index):
         # Caffe's Backward CHECKs "Cannot backprop to index." (it does not override AllowForceBackward, so a
@@ -287,13 +456,29 @@ class FilterLayer(Layer):
             self.check(len(b.shape) >= 1 and b.shape[0] == selector.shape[0],
                        "Each bottom should have the same 0th dimension as the selector blob (%s vs %s)"
                        % (b.shape, selector.shape))
+        self.indices = np.flatnonzero(selector.data.reshape(-1))
+        num = len(self.indices)
         if self.first_reshape:
             num = bottom[0].shape[0]
             self.first_reshape = False
-        else:
-            num = int((selector.data.reshape(-1) != 0).sum())
         for b, t in zip(bottom, top):
             t.reshape((num,) + b.shape[1:])
+
+    def forward(self, bottom, top):
+        n = len(self.indices)
+        for b, t in zip(bottom, top):
+            t.data[:n] = b.data[self.indices]
+
+    def backward(self, top, propagate_down, bottom):
+        self.check(not propagate_down[-1], "cannot backpropagate to filter index inputs")
+        for i, t in enumerate(top):
+            if not propagate_down[i]:
+                continue
+            # Caffe's Backward divides by the top's item count and dies when no item was selected.
+            self.check(t.shape[0] > 0, "no item passed the selector: Filter cannot backpropagate an empty top")
+            diff = bottom[i].diff
+            diff[...] = 0
+            diff[self.indices] = t.diff
 
     def allow_force_backward(self, bottom_index):
         # Caffe's Backward refuses the selector (the last bottom): "cannot backpropagate to filter index inputs".
@@ -335,6 +520,30 @@ class ArgMaxLayer(Layer):
                 shape[1] = 2                    # max_ind and max_val
         top[0].reshape(shape)
 
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        values = x.reshape(x.shape[0], -1) if self.axis is None else np.moveaxis(x, self.axis, -1)
+        dim = values.shape[-1]
+        # Caffe partially sorts (value, index) pairs with std::greater: of equal values the larger index comes
+        # first. Searching the reversed axis (first maximum, stable sort) picks it.
+        reverse = values[..., ::-1]
+        if self.top_k == 1:
+            index = dim - 1 - np.argmax(reverse, axis=-1)[..., None]
+        else:
+            index = dim - 1 - np.argsort(-reverse, axis=-1, kind="stable")[..., :self.top_k]
+        best = np.take_along_axis(values, index, axis=-1)
+        if self.axis is not None:
+            top[0].data[...] = np.moveaxis(best if self.out_max_val else index, -1, self.axis)
+        elif self.out_max_val:
+            out = top[0].data.reshape(index.shape[0], 2, self.top_k)
+            out[:, 0] = index
+            out[:, 1] = best
+        else:
+            top[0].data.reshape(index.shape)[...] = index
+
+    def backward(self, top, propagate_down, bottom):
+        raise self.error("ArgMax has no backward pass (Caffe: NOT_IMPLEMENTED)")
+
     def flops(self, bottom, top):
         return bottom[0].count * self.top_k     # partial sort: about one comparison per value and per k
 
@@ -353,6 +562,37 @@ class ReductionLayer(Layer):
     def reshape(self, bottom, top):
         self.axis = canonical_axis(self.param.reduction_param.axis, len(bottom[0].shape), "reduction axis")
         top[0].reshape(bottom[0].shape[:self.axis])
+        self.dims = (bottom[0].count_range(0, self.axis), bottom[0].count_range(self.axis))
+        # reduction_layer.cpp: MEAN scales by coeff / dim, computed once in the blob's precision
+        real = bottom[0].dtype.type
+        self.scale = real(self.coeff) / real(self.dims[1]) if self.op == caffe_pb2.ReductionParameter.MEAN \
+            else real(self.coeff)
+
+    def forward(self, bottom, top):
+        R = caffe_pb2.ReductionParameter
+        x = bottom[0].data.reshape(self.dims)
+        if self.op == R.ASUM:
+            r = np.abs(x).sum(axis=1)
+        elif self.op == R.SUMSQ:
+            r = np.einsum("ij,ij->i", x, x)
+        else:
+            r = x.sum(axis=1)
+        if self.scale != 1:
+            r *= self.scale
+        top[0].data[...] = r.reshape(top[0].shape)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        R = caffe_pb2.ReductionParameter
+        coeff = top[0].diff.reshape(-1, 1) * self.scale      # one factor per reduced row
+        x, diff = bottom[0].data.reshape(self.dims), bottom[0].diff.reshape(self.dims)
+        if self.op == R.ASUM:
+            np.multiply(np.sign(x), coeff, out=diff)
+        elif self.op == R.SUMSQ:
+            np.multiply(x, 2 * coeff, out=diff)
+        else:
+            diff[...] = coeff
 
     def flops(self, bottom, top):
         R = caffe_pb2.ReductionParameter
@@ -373,6 +613,22 @@ def _check_broadcast(layer, bottom0, param_blob, axis_param, what):
         layer.check(bottom0.shape[axis + i] == d, "dimension mismatch between bottom[0]->shape(%d) and "
                     "%s->shape(%d) (bottom %s, %s %s)" % (axis + i, what, i, bottom0.shape, what, pshape))
     return axis
+
+
+def _broadcast_dims(bottom0, blob, axis):
+    """(outer, blob count, inner): bottom 0 seen as blocks that the blob's values multiply or shift."""
+    return (bottom0.count_range(0, axis), blob.count, bottom0.count_range(axis + len(blob.shape)))
+
+
+def _add_bias(y, bias, dims):
+    """y (viewed as dims) += the bias broadcast over the outer and inner dimensions."""
+    y3 = y.reshape(dims)
+    y3 += bias.reshape(1, dims[1], 1)
+
+
+def _bias_gradient(top_diff, dims, shape):
+    """The bias's gradient: the top diff summed over the outer and inner dimensions."""
+    return top_diff.reshape(dims).sum(axis=(0, 2)).reshape(shape)
 
 
 def _learned_shape(layer, bottom0, axis_param, num_axes, what):
@@ -402,7 +658,23 @@ class BiasLayer(Layer):
     def reshape(self, bottom, top):
         bias = bottom[1] if len(bottom) > 1 else self.blobs[0]
         self.axis = _check_broadcast(self, bottom[0], bias, self.param.bias_param.axis, "bias")
+        self.dims = _broadcast_dims(bottom[0], bias, self.axis)
         top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        bias = bottom[1] if len(bottom) > 1 else self.blobs[0]
+        if top[0] is not bottom[0]:
+            top[0].data[...] = bottom[0].data
+        _add_bias(top[0].data, bias.data, self.dims)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0] and top[0] is not bottom[0]:     # in place, the top diff already is the bottom diff
+            bottom[0].diff[...] = top[0].diff
+        if len(bottom) > 1:
+            if propagate_down[1]:
+                bottom[1].diff[...] = _bias_gradient(top[0].diff, self.dims, bottom[1].shape)
+        elif self.param_propagate_down[0]:
+            self.blobs[0].diff += _bias_gradient(top[0].diff, self.dims, self.blobs[0].shape)
 
     def flops(self, bottom, top):
         return bottom[0].count
@@ -441,9 +713,41 @@ class ScaleLayer(Layer):
         p = self.param.scale_param
         scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
         self.axis = _check_broadcast(self, bottom[0], scale, p.axis, "scale")
+        self.dims = _broadcast_dims(bottom[0], scale, self.axis)
         if p.bias_term:
-            _check_broadcast(self, bottom[0], self.blobs[-1], p.axis, "bias")
+            bias = self.blobs[-1]
+            self.bias_dims = _broadcast_dims(bottom[0], bias, _check_broadcast(self, bottom[0], bias, p.axis, "bias"))
         top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
+        x = bottom[0].data
+        if top[0] is bottom[0]:
+            self.saved = x.copy()      # in place: the scale's gradient needs the input (Caffe's temp_)
+        np.multiply(x.reshape(self.dims), scale.data.reshape(1, -1, 1), out=top[0].data.reshape(self.dims))
+        if self.param.scale_param.bias_term:
+            _add_bias(top[0].data, self.blobs[-1].data, self.bias_dims)
+
+    def backward(self, top, propagate_down, bottom):
+        two = len(bottom) > 1
+        scale = bottom[1] if two else self.blobs[0]
+        top_diff = top[0].diff
+        if self.param.scale_param.bias_term and self.param_propagate_down[-1]:
+            bias = self.blobs[-1]
+            bias.diff += _bias_gradient(top_diff, self.bias_dims, bias.shape)
+        outer, dim, inner = self.dims
+        if (two and propagate_down[1]) or (not two and self.param_propagate_down[0]):
+            x = self.saved if top[0] is bottom[0] else bottom[0].data
+            grad = (top_diff.reshape(self.dims) * x.reshape(self.dims)).sum(axis=(0, 2)).reshape(scale.shape)
+            # scale_layer.cpp writes its GEMV / eltwise result straight into the scale diff when outer_dim is 1
+            # (unless a scalar scales inner_dim > 1 values), so a learned scale's gradient is not accumulated there.
+            if two or (outer == 1 and not (dim == 1 and inner > 1)):
+                scale.diff[...] = grad
+            else:
+                scale.diff += grad
+        if propagate_down[0]:
+            np.multiply(top_diff.reshape(self.dims), scale.data.reshape(1, dim, 1),
+                        out=bottom[0].diff.reshape(self.dims))
 
     def flops(self, bottom, top):
         return bottom[0].count * (2 if self.param.scale_param.bias_term else 1)
@@ -461,3 +765,11 @@ class ParameterLayer(Layer):
 
     def reshape(self, bottom, top):
         top[0].reshape(tuple(self.param.parameter_param.shape.dim))
+
+    def forward(self, bottom, top):
+        # parameter_layer.hpp: the top shares the blob's data and diff, so the consumer's backward writes the
+        # parameter's gradient itself.
+        top[0].share_reshaped(self.blobs[0])
+
+    def backward(self, top, propagate_down, bottom):
+        pass
