@@ -2,17 +2,25 @@
 
 Caffe's LossLayer (include/caffe/layers/loss_layer.hpp, src/caffe/layers/loss_layer.cpp): 2 bottoms (predictions,
 labels/targets), one scalar top with 0 axes, loss weight 1 on it by default, AutoTopBlobs, and no forced backward
-into the label bottom.
+into the label bottom. Backward scales by the loss weight Caffe keeps in top[0].diff.
+
+Labels are float blobs read as Caffe's static_cast<int> (truncation toward zero). Caffe only DCHECKs their range
+(a release build reads out of bounds); we raise a NetError naming the bad label instead.
 """
-from ..net.blob import canonical_axis
+import numpy as np
+
+from ..backend import softmax
+from ..io.binaryproto import read_binary
+from ..net.blob import Blob
 from ..proto import caffe_pb2
-from .base import Layer
+from .base import Layer, checked_axis
 from .registry import register
+from .softmax import SOFTMAX_FLOPS_PER_ELEMENT
 
 LossParameter = caffe_pb2.LossParameter
 
-# Operations for a softmax over `count` values: max (compare), subtract, exp, sum, divide.
-from .softmax import SOFTMAX_FLOPS_PER_ELEMENT
+FLT_MIN = np.finfo(np.float32).tiny   # softmax_loss_layer.cpp clamps the probability at FLT_MIN before the log
+LOG_THRESHOLD = 1e-20                 # loss_layer.hpp kLOG_THRESHOLD (MultinomialLogistic and Infogain losses)
 
 
 class LossLayer(Layer):
@@ -34,6 +42,16 @@ class LossLayer(Layer):
         # LossLayer::AllowForceBackward: we cannot backpropagate to the labels.
         return bottom_index != 1
 
+    def no_backward_into(self, propagate_down, *indices, what="label"):
+        """Caffe's LOG(FATAL) "<type> Layer cannot backpropagate to label inputs." when asked to."""
+        for i in indices:
+            if i < len(propagate_down) and propagate_down[i]:
+                raise self.error("%s Layer cannot backpropagate to %s inputs." % (self.param.type, what))
+
+    @staticmethod
+    def loss_weight(top):
+        return top[0].diff[()]
+
 
 def normalization_mode(param, default=LossParameter.VALID):
     """Caffe's rule (softmax_loss_layer.cpp, sigmoid_cross_entropy_loss_layer.cpp): `normalization` if given, else
@@ -44,6 +62,27 @@ def normalization_mode(param, default=LossParameter.VALID):
     if lp.HasField("normalize"):
         return LossParameter.VALID if lp.normalize else LossParameter.BATCH_SIZE
     return default
+
+
+def normalizer(mode, outer_num, inner_num, valid_count):
+    """Caffe's get_normalizer (softmax, sigmoid cross-entropy and infogain losses). It is never below 1: a batch
+    whose labels are all ignored gives loss 0, not NaN."""
+    n = {LossParameter.FULL: outer_num * inner_num, LossParameter.VALID: valid_count,
+         LossParameter.BATCH_SIZE: outer_num, LossParameter.NONE: 1}[mode]
+    return max(1, n)
+
+
+def read_labels(layer, blob, num_labels, ignore_label=None, count=None):
+    """The first `count` labels of `blob` as Caffe's static_cast<int>, and a mask of those that count (not
+    ignore_label). Ignored labels are replaced by 0 so that they can index."""
+    labels = blob.data.reshape(-1)[:count].astype(np.int64)   # float -> int truncates toward zero
+    valid = np.ones(labels.shape, bool) if ignore_label is None else labels != ignore_label
+    bad = valid & ((labels < 0) | (labels >= num_labels))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise layer.error("label %d at position %d is outside [0, %d)%s" % (
+            labels[i], i, num_labels, "" if ignore_label is None else " and is not ignore_label %d" % ignore_label))
+    return np.where(valid, labels, 0), valid
 
 
 def _labels_match(layer, bottom, axis, what):
@@ -57,9 +96,42 @@ def _labels_match(layer, bottom, axis, what):
     return outer, inner
 
 
+class _SoftmaxLossBase(LossLayer):
+    """The softmax + label bookkeeping SoftmaxWithLoss and InfogainLoss share. Subclasses set self.axis,
+    self.outer_num, self.inner_num in reshape, and self.ignore_label, self.normalization in layer_setup."""
+    _prob = None   # the probabilities of the last forward, which backward reads
+
+    def softmax_forward(self, bottom, top):
+        """Softmax of bottom 0 over self.axis into top[1] when there is one (Caffe's top[1]->ShareData(prob_): the
+        second top IS the probability blob backward reads), else into a buffer of our own."""
+        x = bottom[0].data
+        if len(top) > 1:
+            prob = top[1].data
+        else:
+            prob = self._prob
+            if prob is None or prob.shape != x.shape or prob.dtype != x.dtype:
+                prob = np.empty_like(x)
+        softmax.forward(x, prob, self.axis)
+        self._prob = prob
+        return prob.reshape(self.outer_num, -1, self.inner_num)
+
+    def labels(self, bottom):
+        labels, valid = read_labels(self, bottom[1], bottom[0].shape[self.axis], self.ignore_label)
+        return labels.reshape(self.outer_num, self.inner_num), valid.reshape(self.outer_num, self.inner_num)
+
+    def scaled_diff(self, top, valid, diff3):
+        """Zero the ignored positions (every channel, as Caffe) and scale by loss weight / normalizer."""
+        np.copyto(diff3, 0, where=~valid[:, None, :])
+        n = normalizer(self.normalization, self.outer_num, self.inner_num, int(valid.sum()))
+        diff3 *= self.loss_weight(top) / diff3.dtype.type(n)
+
+
 @register("SoftmaxWithLoss")
-class SoftmaxWithLossLayer(LossLayer):
-    """Softmax over softmax_param.axis, then the multinomial logistic loss; optional 2nd top = the probabilities."""
+class SoftmaxWithLossLayer(_SoftmaxLossBase):
+    """Softmax over softmax_param.axis, then the multinomial logistic loss; optional 2nd top = the probabilities.
+
+    forward: -sum log(max(prob[label], FLT_MIN)) over non-ignored positions / normalizer;
+    backward: (prob - onehot(label)) * loss_weight / normalizer, 0 at ignored positions."""
     exact_num_top = None
     min_top = 1
     max_top = 2
@@ -71,10 +143,29 @@ class SoftmaxWithLossLayer(LossLayer):
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
-        self.axis = canonical_axis(self.param.softmax_param.axis, len(bottom[0].shape), "softmax axis")
+        self.axis = checked_axis(self, self.param.softmax_param.axis, len(bottom[0].shape), "softmax axis")
         self.outer_num, self.inner_num = _labels_match(self, bottom, self.axis, "softmax")
         if len(top) >= 2:
             top[1].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        prob = self.softmax_forward(bottom, top)
+        labels, valid = self.labels(bottom)
+        picked = np.take_along_axis(prob, labels[:, None, :], axis=1)[:, 0, :]
+        loss = -np.log(np.maximum(picked, prob.dtype.type(FLT_MIN)))[valid].sum(dtype=prob.dtype)
+        n = normalizer(self.normalization, self.outer_num, self.inner_num, int(valid.sum()))
+        top[0].data[...] = loss / prob.dtype.type(n)
+
+    def backward(self, top, propagate_down, bottom):
+        self.no_backward_into(propagate_down, 1)
+        if not propagate_down[0]:
+            return
+        labels, valid = self.labels(bottom)
+        diff = bottom[0].diff.reshape(self.outer_num, -1, self.inner_num)
+        np.copyto(diff, self._prob.reshape(diff.shape))
+        i, j = np.nonzero(valid)
+        diff[i, labels[i, j], j] -= 1
+        self.scaled_diff(top, valid, diff)
 
     def flops(self, bottom, top):
         return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count + 2 * self.outer_num * self.inner_num
@@ -82,6 +173,9 @@ class SoftmaxWithLossLayer(LossLayer):
 
 @register("SigmoidCrossEntropyLoss")
 class SigmoidCrossEntropyLossLayer(LossLayer):
+    """forward: -sum[x (t - (x >= 0)) - log(1 + exp(x - 2x (x >= 0)))] over non-ignored targets / normalizer
+    (Caffe's overflow-free form); backward: (sigmoid(x) - t) * loss_weight / normalizer, 0 where ignored."""
+
     def layer_setup(self, bottom, top):
         lp = self.param.loss_param
         self.ignore_label = lp.ignore_label if lp.HasField("ignore_label") else None
@@ -94,6 +188,38 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
                    "SIGMOID_CROSS_ENTROPY_LOSS layer inputs must have the same count (%s vs %s)"
                    % (bottom[0].shape, bottom[1].shape))
 
+    def _valid(self, bottom):
+        if self.ignore_label is None:
+            return None
+        return bottom[1].data.reshape(-1).astype(np.int64) != self.ignore_label   # static_cast<int>(target)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data.reshape(-1)
+        t = bottom[1].data.reshape(-1)
+        positive = (x >= 0).astype(x.dtype)
+        terms = x * (t - positive) - np.log(1 + np.exp(x - 2 * x * positive))
+        valid = self._valid(bottom)
+        loss = -(terms.sum() if valid is None else terms[valid].sum())
+        valid_count = x.size if valid is None else int(valid.sum())
+        # Caffe keeps this normalizer_ for the backward pass.
+        self._normalizer = normalizer(self.normalization, bottom[0].shape[0], bottom[0].count_range(1), valid_count)
+        top[0].data[...] = loss / x.dtype.type(self._normalizer)
+
+    def backward(self, top, propagate_down, bottom):
+        self.no_backward_into(propagate_down, 1)
+        if not propagate_down[0]:
+            return
+        x = bottom[0].data
+        diff = bottom[0].diff
+        # Caffe's SigmoidLayer: 0.5 * tanh(0.5 x) + 0.5 (recomputed here rather than kept from the forward)
+        np.multiply(np.tanh(x * x.dtype.type(0.5)), x.dtype.type(0.5), out=diff)
+        diff += x.dtype.type(0.5)
+        diff -= bottom[1].data.reshape(diff.shape)
+        valid = self._valid(bottom)
+        if valid is not None:
+            np.copyto(diff, 0, where=~valid.reshape(diff.shape))
+        diff *= self.loss_weight(top) / x.dtype.type(self._normalizer)
+
     def flops(self, bottom, top):
         # sigmoid (4) for the diff + x * (t - (x >= 0)) - log(1 + exp(x - 2x(x >= 0))) (~6) per element
         return 10 * bottom[0].count
@@ -101,10 +227,24 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
 
 @register("EuclideanLoss")
 class EuclideanLossLayer(LossLayer):
+    """forward: sum((a - b)^2) / num / 2; backward: +-(a - b) * loss_weight / num into both bottoms."""
+
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
         self.check(bottom[0].count_range(1) == bottom[1].count_range(1),
                    "Inputs must have the same dimension (%s vs %s)" % (bottom[0].shape, bottom[1].shape))
+
+    def forward(self, bottom, top):
+        a = bottom[0].data.reshape(-1)
+        self._diff = a - bottom[1].data.reshape(-1)
+        dot = np.dot(self._diff, self._diff)
+        top[0].data[...] = dot / a.dtype.type(bottom[0].shape[0]) / a.dtype.type(2)
+
+    def backward(self, top, propagate_down, bottom):
+        for i, sign in ((0, 1), (1, -1)):
+            if propagate_down[i]:
+                alpha = sign * self.loss_weight(top) / self._diff.dtype.type(bottom[i].shape[0])
+                np.multiply(self._diff, alpha, out=bottom[i].diff.reshape(-1))
 
     def allow_force_backward(self, bottom_index):
         # euclidean_loss_layer.hpp: "Unlike most loss layers, in the EuclideanLossLayer we can backpropagate
@@ -117,8 +257,47 @@ class EuclideanLossLayer(LossLayer):
 
 @register("HingeLoss")
 class HingeLossLayer(LossLayer):
+    """margins m = max(0, 1 - y x) with y = +1 for the true class, -1 otherwise; forward: sum(m) / num (L1) or
+    sum(m^2) / num (L2); backward: -y sign(m) (L1) or -2 y m (L2), times loss_weight / num.
+
+    As Caffe, forward leaves the margins in bottom 0's DIFF and backward starts from them (the net does not clear
+    diffs between the two)."""
+
     def layer_setup(self, bottom, top):
         self.norm = self.param.hinge_loss_param.norm
+
+    def _true_class(self, bottom):
+        num = bottom[0].shape[0]
+        labels, _ = read_labels(self, bottom[1], bottom[0].count // num, count=num)
+        return np.arange(num), labels
+
+    def forward(self, bottom, top):
+        num = bottom[0].shape[0]
+        margins = bottom[0].diff.reshape(num, -1)
+        np.copyto(margins, bottom[0].data.reshape(margins.shape))
+        margins[self._true_class(bottom)] *= -1
+        margins += 1
+        np.maximum(margins, 0, out=margins)
+        flat = margins.reshape(-1)
+        if self.norm == caffe_pb2.HingeLossParameter.L1:
+            loss = np.abs(flat).sum()
+        else:
+            loss = np.dot(flat, flat)
+        top[0].data[...] = loss / margins.dtype.type(num)
+
+    def backward(self, top, propagate_down, bottom):
+        self.no_backward_into(propagate_down, 1)
+        if not propagate_down[0]:
+            return
+        num = bottom[0].shape[0]
+        diff = bottom[0].diff.reshape(num, -1)
+        diff[self._true_class(bottom)] *= -1
+        scale = self.loss_weight(top) / diff.dtype.type(num)
+        if self.norm == caffe_pb2.HingeLossParameter.L1:
+            np.sign(diff, out=diff)
+        else:
+            scale *= 2
+        diff *= scale
 
     def flops(self, bottom, top):
         # negate the true class, 1 + x, max(0, .), then sum (L1) or sum of squares (L2)
@@ -127,7 +306,10 @@ class HingeLossLayer(LossLayer):
 
 @register("ContrastiveLoss")
 class ContrastiveLossLayer(LossLayer):
-    """Bottoms: a (N, C, 1, 1), b (N, C, 1, 1), similarity y (N, 1, 1, 1) (contrastive_loss_layer.cpp)."""
+    """Bottoms: a (N, C, 1, 1), b (N, C, 1, 1), similarity y (N, 1, 1, 1) (contrastive_loss_layer.cpp).
+
+    forward: sum over pairs of d^2 (similar) or max(margin - d, 0)^2 (dissimilar; legacy: max(margin - d^2, 0)),
+    / N / 2; backward into a and b (opposite signs), nothing into y (Caffe ignores propagate_down[2])."""
     exact_num_bottom = 3
 
     def layer_setup(self, bottom, top):
@@ -142,6 +324,38 @@ class ContrastiveLossLayer(LossLayer):
         p = self.param.contrastive_loss_param
         self.margin, self.legacy_version = p.margin, p.legacy_version
 
+    def forward(self, bottom, top):
+        num = bottom[0].shape[0]
+        self._diff = bottom[0].data.reshape(num, -1) - bottom[1].data.reshape(num, -1)
+        self._dist_sq = np.einsum("ij,ij->i", self._diff, self._diff)
+        self._similar = bottom[2].data.reshape(-1)[:num].astype(np.int64) != 0   # static_cast<int>(y)
+        dtype = self._diff.dtype.type
+        margin = dtype(self.margin)
+        if self.legacy_version:
+            dissimilar = np.maximum(margin - self._dist_sq, 0)
+        else:
+            dissimilar = np.maximum(margin - np.sqrt(self._dist_sq), 0) ** 2
+        loss = np.where(self._similar, self._dist_sq, dissimilar).sum()
+        top[0].data[...] = loss / dtype(num) / dtype(2)
+
+    def backward(self, top, propagate_down, bottom):
+        num = bottom[0].shape[0]
+        dtype = self._diff.dtype.type
+        margin = dtype(self.margin)
+        for i, sign in ((0, 1), (1, -1)):
+            if not propagate_down[i]:
+                continue
+            alpha = sign * self.loss_weight(top) / dtype(num)
+            if self.legacy_version:
+                mdist = margin - self._dist_sq
+                beta = np.full_like(mdist, -alpha)
+            else:
+                dist = np.sqrt(self._dist_sq)
+                mdist = margin - dist
+                beta = -alpha * mdist / (dist + dtype(1e-4))   # Caffe's epsilon against d = 0
+            coeff = np.where(self._similar, alpha, np.where(mdist > 0, beta, 0))
+            np.multiply(self._diff, coeff[:, None], out=bottom[i].diff.reshape(num, -1))
+
     def allow_force_backward(self, bottom_index):
         # contrastive_loss_layer.hpp: both feature bottoms get a gradient, the similarity label does not.
         return bottom_index != 2
@@ -152,10 +366,11 @@ class ContrastiveLossLayer(LossLayer):
 
 
 @register("InfogainLoss")
-class InfogainLossLayer(LossLayer):
-    """Softmax over infogain_loss_param.axis, then -sum_l H[label, l] * log(prob_l) (this Caffe version applies the
-    softmax inside, infogain_loss_layer.cpp). H comes from bottom 2 or from the BlobProto file
-    infogain_loss_param.source; optional 2nd top = the probabilities."""
+class InfogainLossLayer(_SoftmaxLossBase):
+    """Softmax over infogain_loss_param.axis, then -sum_l H[label, l] * log(max(prob_l, 1e-20)) (this Caffe version
+    applies the softmax inside, infogain_loss_layer.cpp). H comes from bottom 2 or from the BlobProto file
+    infogain_loss_param.source; optional 2nd top = the probabilities.
+    backward: (prob * sum_l H[label, l] - H[label, :]) * loss_weight / normalizer, 0 at ignored positions."""
     exact_num_bottom = None
     min_bottom = 2
     max_bottom = 3
@@ -168,22 +383,60 @@ class InfogainLossLayer(LossLayer):
         self.ignore_label = lp.ignore_label if lp.HasField("ignore_label") else None
         self.check(not lp.HasField("normalize"), 'normalize is deprecated. use "normalization"')
         self.normalization = lp.normalization
+        self._file_h = None
         if len(bottom) < 3:
-            # Reading H from the file belongs to the forward pass's work; here only check that one is named.
+            # Reading H from the file belongs to the forward pass's work (building a net to see its shapes reads
+            # no data); here only check that one is named.
             self.check(self.param.infogain_loss_param.HasField("source"),
                        "Infogain matrix source must be specified.")
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
-        self.axis = canonical_axis(self.param.infogain_loss_param.axis, len(bottom[0].shape), "infogain axis")
+        self.axis = checked_axis(self, self.param.infogain_loss_param.axis, len(bottom[0].shape), "infogain axis")
         self.outer_num, self.inner_num = _labels_match(self, bottom, self.axis, "infogain")
         self.num_labels = bottom[0].shape[self.axis]
         if len(bottom) > 2:
-            self.check(bottom[2].count == self.num_labels ** 2,
-                       "InfogainLoss expects the infogain matrix H to be num_labels x num_labels (%d x %d), got %s"
-                       % (self.num_labels, self.num_labels, bottom[2].shape))
+            self._check_h(bottom[2].count)
         if len(top) >= 2:
             top[1].reshape(bottom[0].shape)
+
+    def _check_h(self, count):
+        self.check(count == self.num_labels ** 2,
+                   "InfogainLoss expects the infogain matrix H to be num_labels x num_labels (%d x %d), got %d "
+                   "values" % (self.num_labels, self.num_labels, count))
+
+    def _infogain(self, bottom):
+        if len(bottom) > 2:
+            h = bottom[2].data
+        else:
+            if self._file_h is None:
+                source = self.param.infogain_loss_param.source
+                self._file_h = Blob.from_proto_new(read_binary(source, caffe_pb2.BlobProto()), what=source).data
+            h = self._file_h
+            self._check_h(h.size)
+        return h.reshape(self.num_labels, self.num_labels).astype(bottom[0].dtype, copy=False)
+
+    def forward(self, bottom, top):
+        prob = self.softmax_forward(bottom, top)
+        labels, valid = self.labels(bottom)
+        h_rows = self._infogain(bottom)[labels]                                  # (outer, inner, labels)
+        log_prob = np.log(np.maximum(prob, prob.dtype.type(LOG_THRESHOLD)))     # (outer, labels, inner)
+        per_position = np.einsum("ilj,ijl->ij", log_prob, h_rows)
+        loss = -per_position[valid].sum(dtype=prob.dtype)
+        n = normalizer(self.normalization, self.outer_num, self.inner_num, int(valid.sum()))
+        top[0].data[...] = loss / prob.dtype.type(n)
+
+    def backward(self, top, propagate_down, bottom):
+        self.no_backward_into(propagate_down, 1)
+        self.no_backward_into(propagate_down, 2, what="infogain")
+        if not propagate_down[0]:
+            return
+        labels, valid = self.labels(bottom)
+        h = self._infogain(bottom)
+        diff = bottom[0].diff.reshape(self.outer_num, -1, self.inner_num)
+        np.multiply(self._prob.reshape(diff.shape), h.sum(axis=1)[labels][:, None, :], out=diff)
+        diff -= h[labels].transpose(0, 2, 1)
+        self.scaled_diff(top, valid, diff)
 
     def allow_force_backward(self, bottom_index):
         # infogain_loss_layer.cpp Backward: "cannot backpropagate to label inputs" nor "to infogain inputs".
@@ -196,7 +449,9 @@ class InfogainLossLayer(LossLayer):
 
 @register("MultinomialLogisticLoss")
 class MultinomialLogisticLossLayer(LossLayer):
-    """Bottoms: probabilities (N, C, ...) and labels (N, 1, 1, 1) (multinomial_logistic_loss_layer.cpp)."""
+    """Bottoms: probabilities (N, C, ...) and labels (N, 1, 1, 1) (multinomial_logistic_loss_layer.cpp).
+    forward: -sum log(max(p[label], 1e-20)) / N; backward: -loss_weight / N / max(p[label], 1e-20) at the label,
+    0 elsewhere."""
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
@@ -204,13 +459,36 @@ class MultinomialLogisticLossLayer(LossLayer):
         self.check(label.channels == 1 and label.height == 1 and label.width == 1,
                    "the label bottom must have channels, height and width 1, got %s" % (label.shape,))
 
+    def _picked(self, bottom):
+        num = bottom[0].shape[0]
+        x = bottom[0].data.reshape(num, -1)
+        labels, _ = read_labels(self, bottom[1], x.shape[1], count=num)
+        rows = np.arange(num)
+        return rows, labels, np.maximum(x[rows, labels], x.dtype.type(LOG_THRESHOLD))
+
+    def forward(self, bottom, top):
+        _, _, prob = self._picked(bottom)
+        top[0].data[...] = -np.log(prob).sum() / prob.dtype.type(bottom[0].shape[0])
+
+    def backward(self, top, propagate_down, bottom):
+        self.no_backward_into(propagate_down, 1)
+        if not propagate_down[0]:
+            return
+        rows, labels, prob = self._picked(bottom)
+        diff = bottom[0].diff.reshape(rows.size, -1)
+        diff[...] = 0
+        diff[rows, labels] = -self.loss_weight(top) / prob.dtype.type(rows.size) / prob
+
     def flops(self, bottom, top):
         return 3 * bottom[0].num     # max(p, threshold), log, sum
 
 
 @register("Accuracy")
 class AccuracyLayer(Layer):
-    """Top-k accuracy over accuracy_param.axis; optional 2nd top = per-class accuracy (accuracy_layer.cpp)."""
+    """Top-k accuracy over accuracy_param.axis; optional 2nd top = per-class accuracy (accuracy_layer.cpp).
+
+    A position is correct when fewer than top_k scores are >= the true class's score other than itself: ties
+    count against it, as in Caffe. Ignored positions count neither way; no valid position gives 0."""
     exact_num_bottom = 2
     min_top = 1
     max_top = 2
@@ -225,7 +503,7 @@ class AccuracyLayer(Layer):
         self.check(bottom[1].count > 0 and self.top_k <= bottom[0].count // bottom[1].count,
                    "top_k must be less than or equal to the number of classes (top_k %d, predictions %s, labels %s)"
                    % (self.top_k, bottom[0].shape, bottom[1].shape))
-        self.axis = canonical_axis(self.param.accuracy_param.axis, len(bottom[0].shape), "accuracy axis")
+        self.axis = checked_axis(self, self.param.accuracy_param.axis, len(bottom[0].shape), "accuracy axis")
         self.outer_num = bottom[0].count_range(0, self.axis)
         self.inner_num = bottom[0].count_range(self.axis + 1)
         self.check(self.outer_num * self.inner_num == bottom[1].count,
@@ -235,6 +513,28 @@ class AccuracyLayer(Layer):
         top[0].reshape(())                                  # Accuracy is a scalar; 0 axes.
         if len(top) > 1:
             top[1].reshape((bottom[0].shape[self.axis],))   # per-class accuracy: (num_labels,)
+
+    def forward(self, bottom, top):
+        num_labels = bottom[0].shape[self.axis]
+        scores = bottom[0].data.reshape(self.outer_num, num_labels, self.inner_num)
+        labels, valid = read_labels(self, bottom[1], num_labels, self.ignore_label)
+        labels = labels.reshape(self.outer_num, self.inner_num)
+        valid = valid.reshape(self.outer_num, self.inner_num)
+        true_score = np.take_along_axis(scores, labels[:, None, :], axis=1)
+        # The true class is among the scores >= its own (Caffe starts its count at -1); NaN compares false.
+        better = np.count_nonzero(scores >= true_score, axis=1) - 1
+        correct = valid & (better < self.top_k)
+        dtype = scores.dtype.type
+        count = int(valid.sum())
+        top[0].data[...] = 0 if count == 0 else dtype(correct.sum()) / dtype(count)
+        if len(top) > 1:
+            per_label = np.bincount(labels[valid], minlength=num_labels).astype(scores.dtype)
+            hits = np.bincount(labels[correct], minlength=num_labels).astype(scores.dtype)
+            top[1].data[...] = 0    # classes without a valid position
+            np.divide(hits, per_label, out=top[1].data, where=per_label > 0)
+
+    def backward(self, top, propagate_down, bottom):
+        self.check(not any(propagate_down), "Accuracy has no backward (Caffe: Not Implemented Yet)")
 
     def flops(self, bottom, top):
         # a partial sort of the class scores at each position: about one comparison per score and per k
