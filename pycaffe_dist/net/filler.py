@@ -35,6 +35,10 @@ def _variance_n(filler, shape):
 def fill(filler, blob):
     """Fill blob.data in place according to a FillerParameter."""
     shape, rng, kind = blob.shape, common.rng(), filler.type
+    if filler.sparse >= 0 and kind != "gaussian":
+        # Caffe CHECKs this in every filler but the gaussian one.
+        raise NetError("%s filler: sparse is only supported by the gaussian filler (got sparse: %d)"
+                       % (kind, filler.sparse))
     if kind == "constant":
         blob.data[...] = filler.value
     elif kind == "uniform":
@@ -60,7 +64,7 @@ def fill(filler, blob):
         if len(shape) != 4 or shape[2] != shape[3]:
             raise NetError("bilinear filler needs a 4-axis blob with height == width, got %s" % (shape,))
         f = math.ceil(shape[3] / 2.0)
-        c = (2 * f - 1 - f % 2) / (2.0 * f)
+        c = (shape[3] - 1) / (2.0 * f)   # Caffe's filler.hpp; the kernel is symmetric for odd sizes too
         x = np.arange(shape[3], dtype=np.float64)
         k1 = 1 - np.abs(x / f - c)
         blob.data[...] = np.outer(k1, k1)[None, None]

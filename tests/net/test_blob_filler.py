@@ -74,8 +74,17 @@ def test_bilinear_filler_matches_caffe_kernel():
     # Caffe's FCN upsampling kernel for factor 2 (kernel 4): outer product of [0.25, 0.75, 0.75, 0.25].
     k = fill(filler(type="bilinear"), Blob((1, 1, 4, 4))).data[0, 0]
     np.testing.assert_allclose(k, np.outer([0.25, 0.75, 0.75, 0.25], [0.25, 0.75, 0.75, 0.25]))
+    # Odd sizes: Caffe's c = (width - 1) / (2 f) centres the kernel: [0.5, 1, 0.5] for width 3.
+    k3 = fill(filler(type="bilinear"), Blob((2, 1, 3, 3))).data[1, 0]
+    np.testing.assert_allclose(k3, np.outer([0.5, 1, 0.5], [0.5, 1, 0.5]))
     with pytest.raises(NetError, match="height == width"):
         fill(filler(type="bilinear"), Blob((1, 1, 4, 3)))
+
+
+@pytest.mark.parametrize("kind", ["xavier", "msra", "uniform", "constant", "positive_unitball", "bilinear"])
+def test_sparse_is_refused_by_all_fillers_but_gaussian(kind):
+    with pytest.raises(NetError, match="sparse is only supported by the gaussian filler"):
+        fill(filler(type=kind, sparse=3), Blob((1, 1, 2, 2)))
 
 
 def test_unknown_filler():
