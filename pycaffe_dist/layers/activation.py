@@ -1,19 +1,38 @@
 """Element-wise neuron layers: ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, BNLL, Power, Exp, Log, Threshold, Dropout, Clip, Swish.
 
 All share Caffe's NeuronLayer (include/caffe/layers/neuron_layer.hpp): one bottom, one top of the bottom's shape,
-in-place computation allowed unless a layer says otherwise.
+in-place computation allowed unless a layer says otherwise. The math is in pycaffe_dist/backend/neuron.py.
+
+In place, the forward overwrites the bottom. Caffe's PReLU keeps a copy of it for the backward; its other layers
+read the overwritten values, which is harmless where the backward needs only the top or the sign of x (ReLU with
+slope >= 0, ELU with alpha >= 0, Sigmoid, TanH, Swish, Exp, Dropout) and wrong elsewhere. Here every layer whose
+backward needs x keeps a copy when computing in place (`backward_needs_bottom`), so in place and not in place
+give the same gradients: a deliberate difference from Caffe for in-place BNLL, Log, Clip, Power, ReLU with a
+negative slope and ELU with a negative alpha.
 """
+import math
+
+import numpy as np
+
+from ..backend import neuron
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
 
 
 class NeuronLayer(Layer):
-    """Caffe's NeuronLayer: exactly 1 bottom and 1 top, top shaped like the bottom (neuron_layer.cpp)."""
+    """Caffe's NeuronLayer: exactly 1 bottom and 1 top, top shaped like the bottom (neuron_layer.cpp).
+
+    Subclasses give `compute(x, y)` (the forward, y = top data) and `gradient(x, y, dy, dx)` (the bottom diff)."""
     exact_num_bottom = 1
     exact_num_top = 1
     flops_per_element = 1        # forward floating-point operations per element (a multiply-add is 2)
     allow_in_place = True
+    backward_needs_bottom = False   # the backward reads x: in place, the forward first keeps a copy of it
+
+    def __init__(self, param, phase=None):
+        super().__init__(param, phase)
+        self._work = {}
 
     def layer_setup(self, bottom, top):
         if not self.allow_in_place:
@@ -29,20 +48,60 @@ class NeuronLayer(Layer):
     def flops(self, bottom, top):
         return self.flops_per_element * bottom[0].count
 
+    def work(self, name, like, dtype=None):
+        """A scratch array shaped like `like` (and of its dtype unless given), kept between calls like the
+        internal blobs of Caffe's layers."""
+        dtype = like.dtype if dtype is None else np.dtype(dtype)
+        array = self._work.get(name)
+        if array is None or array.shape != like.shape or array.dtype != dtype:
+            array = self._work[name] = np.empty(like.shape, dtype)
+        return array
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        if top[0] is bottom[0] and self.backward_needs_bottom:
+            np.copyto(self.work("bottom", x), x)
+        self.compute(x, top[0].data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self.gradient(self.bottom_data(bottom, top), top[0].data, top[0].diff, bottom[0].diff)
+
+    def bottom_data(self, bottom, top):
+        """x as the forward saw it: its copy when computing in place (if the backward needs x), else the data."""
+        if top[0] is bottom[0] and self.backward_needs_bottom:
+            return self._work["bottom"]
+        return bottom[0].data
+
+    def compute(self, x, y):
+        raise NotImplementedError
+
+    def gradient(self, x, y, dy, dx):
+        raise NotImplementedError
+
 
 @register("ReLU")
 class ReLULayer(NeuronLayer):
     def neuron_setup(self, bottom, top):
         self.negative_slope = self.param.relu_param.negative_slope
+        # y > 0 exactly where x > 0 unless the slope is negative
+        self.backward_needs_bottom = self.negative_slope < 0
 
     def flops(self, bottom, top):
         # max(x, 0) is 1 op; leaky adds negative_slope * min(x, 0) (a multiply-add)
         return bottom[0].count * (3 if self.negative_slope else 1)
 
+    def compute(self, x, y):
+        neuron.relu_forward(x, y, self.negative_slope)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.relu_backward(x, dy, dx, self.negative_slope)
+
 
 @register("PReLU")
 class PReLULayer(NeuronLayer):
     flops_per_element = 3        # max(x,0) + a * min(x,0)
+    backward_needs_bottom = True     # Caffe's bottom_memory_
 
     def neuron_setup(self, bottom, top):
         # prelu_layer.cpp LayerSetUp
@@ -69,6 +128,18 @@ class PReLULayer(NeuronLayer):
     def reshape(self, bottom, top):
         self.check(len(bottom[0].shape) >= 2, "Number of axes of bottom blob must be >=2.")
         top[0].reshape(bottom[0].shape)
+        self.channels, self.dim = bottom[0].channels, bottom[0].count_range(2)
+
+    def compute(self, x, y):
+        neuron.prelu_forward(x, y, self.blobs[0].data, self.channels, self.dim)
+
+    def backward(self, top, propagate_down, bottom):
+        x, dy = self.bottom_data(bottom, top), top[0].diff
+        # The slope's gradient first: in place, the bottom diff overwrites the top diff (as in Caffe).
+        if self.param_propagate_down[0]:
+            neuron.prelu_slope_backward(x, dy, self.blobs[0].diff, self.channels, self.dim, self.work("min_x", x))
+        if propagate_down[0]:
+            neuron.prelu_backward(x, dy, self.blobs[0].data, bottom[0].diff, self.channels, self.dim)
 
 
 @register("ELU")
@@ -77,26 +148,59 @@ class ELULayer(NeuronLayer):
 
     def neuron_setup(self, bottom, top):
         self.alpha = self.param.elu_param.alpha
+        # y > 0 exactly where x > 0 unless alpha is negative
+        self.backward_needs_bottom = self.alpha < 0
+
+    def compute(self, x, y):
+        neuron.elu_forward(x, y, self.alpha, self.work("exp", x))
+
+    def gradient(self, x, y, dy, dx):
+        neuron.elu_backward(x, y, dy, dx, self.alpha)
 
 
 @register("Sigmoid")
 class SigmoidLayer(NeuronLayer):
     flops_per_element = 4        # 0.5 * tanh(0.5 x) + 0.5 (Caffe's form): mul, tanh, multiply-add
 
+    def compute(self, x, y):
+        neuron.sigmoid_forward(x, y)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.sigmoid_backward(y, dy, dx)
+
 
 @register("TanH")
 class TanHLayer(NeuronLayer):
     flops_per_element = 1
+
+    def compute(self, x, y):
+        neuron.tanh_forward(x, y)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.tanh_backward(y, dy, dx)
 
 
 @register("AbsVal")
 class AbsValLayer(NeuronLayer):
     allow_in_place = False       # absval_layer.cpp: CHECK_NE(top[0], bottom[0])
 
+    def compute(self, x, y):
+        neuron.absval_forward(x, y)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.absval_backward(x, dy, dx)
+
 
 @register("BNLL")
 class BNLLLayer(NeuronLayer):
     flops_per_element = 4        # x + log(1 + exp(-x)) or log(1 + exp(x))
+    backward_needs_bottom = True
+
+    def compute(self, x, y):
+        neuron.bnll_forward(x, y, self.work("exp", x), self.work("log", x))
+
+    def gradient(self, x, y, dy, dx):
+        neuron.bnll_backward(x, dy, dx, self.work("exp", x))
 
 
 @register("Power")
@@ -107,6 +211,8 @@ class PowerLayer(NeuronLayer):
         p = self.param.power_param
         self.power, self.scale, self.shift = p.power, p.scale, p.shift
         self.diff_scale = self.power * self.scale
+        # power 1 and diff_scale 0 have constant derivatives
+        self.backward_needs_bottom = self.diff_scale != 0 and self.power != 1
 
     def flops(self, bottom, top):
         if self.diff_scale == 0:     # Caffe fills a constant: (shift)^power or 1
@@ -120,6 +226,22 @@ class PowerLayer(NeuronLayer):
             ops += 1
         return ops * bottom[0].count
 
+    def compute(self, x, y):
+        neuron.power_forward(x, y, self.power, self.scale, self.shift)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.power_backward(x, y, dy, dx, self.power, self.scale, self.shift)
+
+
+def _log_base(layer, base):
+    """Caffe's log_base of Exp and Log: 1 for base -1 (meaning e), else log(base), which must be finite."""
+    if base == -1:
+        return 1.0
+    layer.check(base > 0, "base must be strictly positive.")
+    log_base = math.log(base)
+    layer.check(math.isfinite(log_base), "Inf result: log(base) = log(%g) = %g" % (base, log_base))
+    return log_base
+
 
 @register("Exp")
 class ExpLayer(NeuronLayer):
@@ -128,21 +250,40 @@ class ExpLayer(NeuronLayer):
 
     def neuron_setup(self, bottom, top):
         p = self.param.exp_param
-        if p.base != -1:
-            self.check(p.base > 0, "base must be strictly positive.")
         self.base, self.scale, self.shift = p.base, p.scale, p.shift
+        # Caffe: y = outer_scale * exp(inner_scale * x)
+        self.inner_scale = _log_base(self, p.base) * p.scale
+        if p.shift == 0:
+            self.outer_scale = 1.0
+        else:   # numpy's power overflows to inf, as Caffe's pow does, where Python's would raise
+            self.outer_scale = float(np.exp(p.shift) if p.base == -1 else np.power(p.base, p.shift))
+
+    def compute(self, x, y):
+        neuron.exp_forward(x, y, self.inner_scale, self.outer_scale)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.exp_backward(y, dy, dx, self.inner_scale)
 
 
 @register("Log")
 class LogLayer(NeuronLayer):
     """y = log_base(shift + scale * x); base -1 means e (log_layer.cpp)."""
     flops_per_element = 3
+    backward_needs_bottom = True
 
     def neuron_setup(self, bottom, top):
         p = self.param.log_param
-        if p.base != -1:
-            self.check(p.base > 0, "base must be strictly positive.")
         self.base, self.scale, self.shift = p.base, p.scale, p.shift
+        log_base = _log_base(self, p.base)
+        self.check(log_base != 0, "Inf result: 1/log(base) = 1/log(%g) = inf" % p.base)
+        self.base_scale = 1.0 / log_base
+        self.backward_numerator = p.scale / log_base     # Caffe's backward_num_scale_
+
+    def compute(self, x, y):
+        neuron.log_forward(x, y, self.scale, self.shift, self.base_scale)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.log_backward(x, dy, dx, self.scale, self.shift, self.backward_numerator)
 
 
 @register("Threshold")
@@ -152,9 +293,18 @@ class ThresholdLayer(NeuronLayer):
     def neuron_setup(self, bottom, top):
         self.threshold = self.param.threshold_param.threshold
 
+    def compute(self, x, y):
+        neuron.threshold_forward(x, y, self.threshold)
+
+    def backward(self, top, propagate_down, bottom):
+        raise self.error("Threshold has no backward (Caffe: NOT_IMPLEMENTED)")
+
 
 @register("Dropout")
 class DropoutLayer(NeuronLayer):
+    """TRAIN: y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) drawn with common.rng() at every forward and
+    reused by the backward. TEST: y = x (dropout_layer.cpp; BVLC Caffe has no scale_train option)."""
+
     def neuron_setup(self, bottom, top):
         ratio = self.param.dropout_param.dropout_ratio
         # dropout_layer.cpp DCHECKs 0 < ratio < 1 (off in release builds); ratio 1 would scale by 1/0.
@@ -166,10 +316,25 @@ class DropoutLayer(NeuronLayer):
         # TRAIN: draw the mask, compare, multiply; TEST: a copy.
         return 2 * bottom[0].count if self.phase == caffe_pb2.TRAIN else 0
 
+    def compute(self, x, y):
+        if self.phase == caffe_pb2.TRAIN:
+            rand = self.work("rand", x, np.float32)      # Caffe's rand_vec_, as uniform draws
+            self.rng.random(out=rand, dtype=np.float32)
+            neuron.dropout(x, rand.reshape(-1), y, 1.0 - self.threshold, self.scale)
+        elif y is not x:
+            np.copyto(y, x)
+
+    def gradient(self, x, y, dy, dx):
+        if self.phase == caffe_pb2.TRAIN:
+            neuron.dropout(dy, self._work["rand"].reshape(-1), dx, 1.0 - self.threshold, self.scale)
+        elif dx is not dy:
+            np.copyto(dx, dy)
+
 
 @register("Clip")
 class ClipLayer(NeuronLayer):
     flops_per_element = 2        # max(min, min(x, max))
+    backward_needs_bottom = True
 
     def neuron_setup(self, bottom, top):
         p = self.param.clip_param
@@ -177,11 +342,23 @@ class ClipLayer(NeuronLayer):
         self.check(p.HasField("min") and p.HasField("max"), "clip_param needs both min and max (required fields)")
         self.min, self.max = p.min, p.max
 
+    def compute(self, x, y):
+        neuron.clip_forward(x, y, self.min, self.max)
+
+    def gradient(self, x, y, dy, dx):
+        neuron.clip_backward(x, dy, dx, self.min, self.max)
+
 
 @register("Swish")
 class SwishLayer(NeuronLayer):
-    """y = x * sigmoid(beta * x) (swish_layer.cpp)."""
+    """y = x * sigmoid(beta * x) (swish_layer.cpp); the sigmoid is kept for the backward (Caffe's sigmoid_output_)."""
     flops_per_element = 6        # beta * x, sigmoid (4), * x
 
     def neuron_setup(self, bottom, top):
         self.beta = self.param.swish_param.beta
+
+    def compute(self, x, y):
+        neuron.swish_forward(x, y, self.beta, self.work("sigmoid", x))
+
+    def gradient(self, x, y, dy, dx):
+        neuron.swish_backward(y, self._work["sigmoid"], dy, dx, self.beta)
