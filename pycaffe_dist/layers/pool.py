@@ -1,6 +1,10 @@
 """Pooling and SPP, after Caffe's src/caffe/layers/pooling_layer.cpp and spp_layer.cpp."""
 import math
 
+import numpy as np
+
+from .. import common
+from ..backend import pooling
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
@@ -21,10 +25,42 @@ def pooled_dim(size, kernel, stride, pad, ceil_mode=True):
     return out
 
 
+def buffer_like(buffer, shape, dtype):
+    """An array of `shape` and `dtype`: `buffer` when it fits (kept across reshapes, as Caffe's blobs are)."""
+    fits = buffer is not None and buffer.shape == shape and buffer.dtype == dtype
+    return buffer if fits else np.empty(shape, dtype)
+
+
+def pool_forward(pool, train, x, y, index, kernel, stride, pad):
+    """Pool x into y; MAX and STOCHASTIC (TRAIN) also write each window's chosen position into `index`."""
+    if pool == PP.MAX:
+        pooling.max_forward(x, y, index, kernel, stride, pad)
+    elif pool == PP.AVE:
+        pooling.ave_forward(x, y, kernel, stride, pad)
+    elif train:
+        # Caffe's GPU StoPoolForwardTrain: one uniform draw per output (its CPU aborts "Not Implemented Yet").
+        pooling.stochastic_forward(x, y, index, kernel, stride, common.rng().random(y.shape, dtype=x.dtype))
+    else:
+        pooling.stochastic_forward_test(x, y, kernel, stride)
+
+
+def pool_backward(pool, train, x, dy, index, dx, kernel, stride, pad, accumulate=False):
+    """The input diff dx of pool_forward from the output diff dy; overwrites dx unless accumulate."""
+    if pool == PP.AVE:
+        pooling.ave_backward(dy, dx, kernel, stride, pad, accumulate)
+    elif pool == PP.STOCHASTIC and not train:
+        pooling.stochastic_test_backward(x, dy, dx, kernel, stride, accumulate)
+    else:
+        pooling.mask_backward(dy, index, dx, accumulate)
+
+
 @register("Pooling")
 class PoolingLayer(Layer):
+    """MAX, AVE and STOCHASTIC pooling. Caffe's CPU aborts on STOCHASTIC; we run its GPU kernels' rule on the
+    CPU too (TRAIN: sample one input per window in proportion to it; TEST: sum(x^2) / sum(x) per window)."""
     exact_num_bottom = 1
     min_top = 1
+    index = None   # the windows' chosen positions (MAX with one top, STOCHASTIC TRAIN), shaped like top[0]
 
     @property
     def max_top(self):
@@ -85,6 +121,23 @@ class PoolingLayer(Layer):
         self.check(all(o >= 0 for o in self.pooled), "the kernel %s does not fit the input %s" % (self.kernel, shape))
         for t in top:   # top[1], the MAX mask, is shaped like top[0]
             t.reshape(shape[:2] + self.pooled)
+        if self.param.pooling_param.pool != PP.AVE:
+            self.index = buffer_like(self.index, top[0].shape, np.int32)
+
+    def forward(self, bottom, top):
+        pool = self.param.pooling_param.pool
+        pool_forward(pool, self.phase == caffe_pb2.TRAIN, bottom[0].data, top[0].data, self.index, self.kernel,
+                     self.stride, self.pad)
+        if len(top) > 1:
+            top[1].data[...] = self.index   # Caffe's mask top: the positions as floats
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        # With a mask top, Caffe reads the positions back from it (static_cast to int).
+        index = top[1].data.astype(np.int32) if len(top) > 1 else self.index
+        pool_backward(self.param.pooling_param.pool, self.phase == caffe_pb2.TRAIN, bottom[0].data, top[0].diff,
+                      index, bottom[0].diff, self.kernel, self.stride, self.pad)
 
     def flops(self, bottom, top):
         # One compare (MAX) or add (AVE, STOCHASTIC) per window element, plus the AVE division per output.
@@ -108,9 +161,15 @@ def spp_level_geometry(height, width, level):
 
 @register("SPP")
 class SPPLayer(Layer):
-    """Spatial pyramid pooling: level i pools into 2^i x 2^i bins; the flattened levels are concatenated."""
+    """Spatial pyramid pooling: level i pools into 2^i x 2^i bins; the flattened levels are concatenated.
+
+    Caffe builds it from internal Split, Pooling, Flatten and Concat layers; we pool each level into a buffer
+    and copy it into its slice of the top, and sum the levels' input diffs in Caffe's Split order."""
     exact_num_bottom = 1
     exact_num_top = 1
+    # Caffe's internal Pooling layers get a fresh LayerParameter, whose phase is TRAIN: STOCHASTIC always samples.
+    train = True
+    buffers = ()   # per level: its pooled output (None with one level: that is the top), its chosen positions
 
     def layer_setup(self, bottom, top):
         sp = self.param.spp_param
@@ -135,11 +194,48 @@ class SPPLayer(Layer):
                            "%d bins)" % (level, pad, kernel, height, width, 2 ** level))
             pooled = tuple(pooled_dim(s, k, st, p) for s, k, st, p in zip((height, width), kernel, stride, pad))
             self.levels.append((kernel, stride, pad, pooled))
+        old, self.buffers = self.buffers, []
+        for i, (_, _, _, pooled) in enumerate(self.levels):
+            level_shape = (num, channels) + pooled
+            y, index = old[i] if i < len(old) else (None, None)
+            self.buffers.append((buffer_like(y, level_shape, bottom[0].dtype) if self.pyramid_height > 1 else None,
+                                 buffer_like(index, level_shape, np.int32) if pool != PP.AVE else None))
         if self.pyramid_height == 1:
             # Caffe runs the single Pooling layer straight into the top: no flatten, a 4-axis top.
             top[0].reshape((num, channels) + self.levels[0][3])
         else:
             top[0].reshape((num, sum(channels * p[0] * p[1] for _, _, _, p in self.levels)))
+
+    def forward(self, bottom, top):
+        pool, x = self.param.spp_param.pool, bottom[0].data
+        if self.pyramid_height == 1:
+            kernel, stride, pad, _ = self.levels[0]
+            pool_forward(pool, self.train, x, top[0].data, self.buffers[0][1], kernel, stride, pad)
+            return
+        offset = 0
+        for (kernel, stride, pad, _), (y, index) in zip(self.levels, self.buffers):
+            pool_forward(pool, self.train, x, y, index, kernel, stride, pad)
+            size = y.shape[1] * y.shape[2] * y.shape[3]
+            top[0].data[:, offset:offset + size] = y.reshape(y.shape[0], size)
+            offset += size
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        pool, x, dx = self.param.spp_param.pool, bottom[0].data, bottom[0].diff
+        if self.pyramid_height == 1:
+            kernel, stride, pad, _ = self.levels[0]
+            pool_backward(pool, self.train, x, top[0].diff, self.buffers[0][1], dx, kernel, stride, pad)
+            return
+        # A level's windows do not overlap (stride = kernel), so accumulating level after level into dx adds
+        # the same terms in the same order as Caffe's Split backward ((level0 + level1) + level2 ...).
+        dx[...] = 0
+        offset = 0
+        for (kernel, stride, pad, _), (y, index) in zip(self.levels, self.buffers):
+            size = y.shape[1] * y.shape[2] * y.shape[3]
+            dy = np.ascontiguousarray(top[0].diff[:, offset:offset + size]).reshape(y.shape)
+            pool_backward(pool, self.train, x, dy, index, dx, kernel, stride, pad, accumulate=True)
+            offset += size
 
     def flops(self, bottom, top):
         num, channels = bottom[0].shape[:2]
