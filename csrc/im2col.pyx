@@ -11,6 +11,7 @@ loop), and images are processed in parallel (OpenMP) because each writes its own
 Python wrappers that allocate the outputs: pycaffe_dist/backend/im2col.py.
 """
 from cython.parallel cimport prange
+from libc.string cimport memcpy, memset
 
 ctypedef fused real:
     float
@@ -30,33 +31,44 @@ cdef inline int _out_dim(int size, int kernel, int pad, int stride, int dilation
     return (size + 2 * pad - (dilation * (kernel - 1) + 1)) // stride + 1  # C truncation (cdivision)
 
 
+cdef inline void _valid_range(int offset, int stride, int size, int output, int* lo, int* hi) noexcept nogil:
+    # The output positions o with 0 <= o * stride + offset < size, as [lo, hi): the loops below copy (or add)
+    # that run without a bounds test per element, and zero the rest.
+    cdef int a = 0 if offset >= 0 else (-offset + stride - 1) // stride
+    cdef int b = (size - offset + stride - 1) // stride if size > offset else 0
+    lo[0] = min(max(a, 0), output)
+    hi[0] = min(max(b, lo[0]), output)
+
+
 cdef void _im2col_2d(const real* im, int channels, int height, int width, int kernel_h, int kernel_w,
                      int pad_h, int pad_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
                      int output_h, int output_w, real* col, Py_ssize_t ld) noexcept nogil:
     cdef Py_ssize_t channel_size = <Py_ssize_t>height * width
-    cdef Py_ssize_t input_row, input_col, k, row = 0
-    cdef int c, kernel_row, kernel_col, oh, ow
+    cdef Py_ssize_t row = 0
+    cdef int c, kernel_row, kernel_col, oh, ow, input_row, offset, lo, hi
+    cdef real* dst
+    cdef const real* src
     for c in range(channels):
         for kernel_row in range(kernel_h):
             for kernel_col in range(kernel_w):
-                input_row = -pad_h + kernel_row * dilation_h
-                k = row * ld
+                offset = kernel_col * dilation_w - pad_w
+                _valid_range(offset, stride_w, width, output_w, &lo, &hi)
+                dst = col + row * ld
                 row += 1
                 for oh in range(output_h):
+                    input_row = oh * stride_h - pad_h + kernel_row * dilation_h
                     if not _inside(input_row, height):
-                        for ow in range(output_w):
-                            col[k] = 0
-                            k += 1
+                        memset(dst, 0, output_w * sizeof(real))   # all-zero bits are 0.0
                     else:
-                        input_col = -pad_w + kernel_col * dilation_w
-                        for ow in range(output_w):
-                            if _inside(input_col, width):
-                                col[k] = im[input_row * width + input_col]
-                            else:
-                                col[k] = 0
-                            k += 1
-                            input_col += stride_w
-                    input_row += stride_h
+                        src = im + input_row * width + offset
+                        memset(dst, 0, lo * sizeof(real))
+                        if stride_w == 1:
+                            memcpy(dst + lo, src + lo, (hi - lo) * sizeof(real))
+                        else:
+                            for ow in range(lo, hi):
+                                dst[ow] = src[ow * stride_w]
+                        memset(dst + hi, 0, (output_w - hi) * sizeof(real))
+                    dst += output_w
         im += channel_size
 
 
@@ -64,27 +76,30 @@ cdef void _col2im_2d(const real* col, int channels, int height, int width, int k
                      int pad_h, int pad_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
                      int output_h, int output_w, real* im, Py_ssize_t ld) noexcept nogil:
     cdef Py_ssize_t channel_size = <Py_ssize_t>height * width
-    cdef Py_ssize_t input_row, input_col, i, k, row = 0
-    cdef int c, kernel_row, kernel_col, oh, ow
+    cdef Py_ssize_t i, row = 0
+    cdef int c, kernel_row, kernel_col, oh, ow, input_row, offset, lo, hi
+    cdef const real* src
+    cdef real* dst
     for i in range(channel_size * channels):
         im[i] = 0
     for c in range(channels):
         for kernel_row in range(kernel_h):
             for kernel_col in range(kernel_w):
-                input_row = -pad_h + kernel_row * dilation_h
-                k = row * ld
+                offset = kernel_col * dilation_w - pad_w
+                _valid_range(offset, stride_w, width, output_w, &lo, &hi)
+                src = col + row * ld
                 row += 1
                 for oh in range(output_h):
-                    if not _inside(input_row, height):
-                        k += output_w
-                    else:
-                        input_col = -pad_w + kernel_col * dilation_w
-                        for ow in range(output_w):
-                            if _inside(input_col, width):
-                                im[input_row * width + input_col] += col[k]
-                            k += 1
-                            input_col += stride_w
-                    input_row += stride_h
+                    input_row = oh * stride_h - pad_h + kernel_row * dilation_h
+                    if _inside(input_row, height):
+                        dst = im + input_row * width + offset
+                        if stride_w == 1:
+                            for ow in range(lo, hi):
+                                dst[ow] += src[ow]
+                        else:
+                            for ow in range(lo, hi):
+                                dst[ow * stride_w] += src[ow]
+                    src += output_w
         im += channel_size
 
 

@@ -63,6 +63,33 @@ def cmd_upgrade(args):
     return 0
 
 
+def cmd_time(args):
+    """Caffe's `caffe time`: per-layer forward/backward timings of a net (inputs as built: zeros, or data)."""
+    from . import common
+    from .io.load import read_net
+    from .net.net import Net
+    from .net.timing import format_timings, plot_timings, time_net
+    if args.threads:
+        common.set_num_threads(args.threads)
+    if args.iterations < 1:
+        raise PycaffeDistError("--iterations must be at least 1, got %d" % args.iterations)
+    net = Net(read_net(args.model), phase=args.phase, level=args.level, stages=args.stage)
+    if args.weights:
+        from .io.binaryproto import read_net_binary
+        net.copy_trained_layers_from(read_net_binary(args.weights), args.weights)
+    print("Testing for %d iterations." % args.iterations)
+
+    def progress(it, ms):
+        print("Iteration: %d forward-backward time: %.2f ms." % (it, ms), flush=True)
+    result = time_net(net, args.iterations, progress)
+    print("Initial loss: %g" % result["initial_loss"])
+    print(format_timings(result))
+    if args.plot:
+        plot_timings(result, args.plot)
+        print("wrote %s" % args.plot)
+    return 0
+
+
 def _nested_nets(solver):
     nets = [solver.net_param] if solver.HasField("net_param") else []
     nets += [solver.train_net_param] if solver.HasField("train_net_param") else []
@@ -84,6 +111,17 @@ def build_parser():
     p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
     p.add_argument("--weights", help=".caffemodel to load (checks that its blob shapes fit)")
     p.set_defaults(func=cmd_net_info)
+
+    p = verbs.add_parser("time", help="time a net's forward and backward passes, layer by layer (caffe time)")
+    p.add_argument("--model", required=True, help="net prototxt")
+    p.add_argument("--iterations", type=int, default=50, help="timed iterations (default 50)")
+    p.add_argument("--phase", type=_phase, default=_phase("TRAIN"), help="TRAIN (default) or TEST")
+    p.add_argument("--level", type=int, default=0)
+    p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
+    p.add_argument("--weights", help=".caffemodel to load first")
+    p.add_argument("--threads", type=int, help="CPU threads (BLAS and kernels); default: all cores")
+    p.add_argument("--plot", help="also draw the per-layer times into this PNG")
+    p.set_defaults(func=cmd_time)
 
     p = verbs.add_parser("upgrade", help="upgrade a V0/V1 net (text or .caffemodel) or a legacy solver")
     p.add_argument("--solver", action="store_true", help="the input is a solver prototxt")

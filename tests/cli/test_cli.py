@@ -104,3 +104,23 @@ def test_unknown_layer_type_is_one_line(tmp_path):
     net = tmp_path / "odd.prototxt"
     net.write_text('layer { name: "roi" type: "ROIPooling" }\n')
     assert_clean_error(dist_caffe("net-info", net), "layer 'roi': unknown layer type: 'ROIPooling'")
+
+
+def test_time_prints_caffe_style_per_layer_timings(tmp_path):
+    net = GOLDEN / "nets" / "lenet" / "net.prototxt"
+    plot = tmp_path / "layers.png"
+    run = dist_caffe("time", "--model", net, "--iterations", 2, "--threads", 1, "--plot", plot)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "Testing for 2 iterations." in out and "Iteration: 2 forward-backward time:" in out
+    for layer in ("conv1", "pool1", "conv2", "ip1", "relu1", "ip2", "loss"):
+        assert "%s\tforward:" % layer in out and "%s\tbackward:" % layer in out, layer
+    assert "Average Forward-Backward:" in out and "Total Time:" in out
+    loss = float(next(l for l in out.splitlines() if l.startswith("Initial loss:")).split()[-1])
+    assert abs(loss - 2.302585) < 1e-3          # zero inputs: every class equally likely, loss = ln 10
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_rejects_zero_iterations():
+    run = dist_caffe("time", "--model", GOLDEN / "nets" / "lenet" / "net.prototxt", "--iterations", 0)
+    assert_clean_error(run, "--iterations must be at least 1")
