@@ -11,6 +11,7 @@ Peak RSS is the process's maximum resident set; "+RSS" subtracts what the proces
 (Python, numpy or torch themselves).
 """
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
@@ -150,11 +151,9 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
-    try:
-        import torch  # noqa: F401
-        have_torch = True
-    except ImportError:
-        have_torch = False
+    # Not imported here: Linux carries a parent's peak RSS into the children it starts (fork + exec).
+    have_torch = importlib.util.find_spec("torch") is not None
+    if not have_torch:
         print("bench: PyTorch is not installed (pip install torch==2.13.0): its columns stay empty")
     rows = []
     header = ("net", "threads", "pycaffe-dist ms", "PyTorch ms", "ours/PyTorch", "Caffe ms (1 thr)",

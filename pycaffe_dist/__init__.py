@@ -1,4 +1,10 @@
 """pycaffe-dist: a Caffe-compatible trainer. `import pycaffe_dist as caffe` gives pycaffe's interface."""
+import os
+
+# Our OpenMP kernels and the BLAS's own threads take turns on the same cores. GNU OpenMP's default is to spin
+# for a long while after each parallel region, which starves the BLAS threads of the next GEMM (measured: 2
+# threads ran 4-8x slower than 1). Idle OpenMP threads must sleep instead; read when libgomp loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from .common import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from .errors import (DataError, ModelFileError, NetError, PrototxtError, PycaffeDistError, SolverError, StoreError,
                      UpgradeError)

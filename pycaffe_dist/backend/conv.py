@@ -1,19 +1,33 @@
-"""Batched convolution GEMMs on the CPU, for Convolution and Deconvolution.
+"""Batched convolution GEMMs on the CPU, for Convolution and Deconvolution (the kernel: csrc/convgemm.pyx).
 
 Caffe runs im2col and three small GEMMs per image. Here a chunk of images is unrolled at once into the batch
-column layout of csrc/im2col.pyx, (rows, n, P), so each group does ONE GEMM over n * P columns: far better BLAS
-efficiency on small images (LeNet's 8x8 maps make 64-column GEMMs in Caffe). Chunks are sized so that the
-column buffer stays in cache between im2col and the GEMM that reads it.
+column layout (rows, n, P), so each group does ONE GEMM over n * P columns: far better BLAS efficiency on small
+maps (LeNet's 8x8 maps make 64-column GEMMs in Caffe). Chunks are sized so that the column buffer stays in
+cache between im2col and the GEMM that reads it, and OpenMP threads take whole chunks, each calling a
+single-threaded BLAS: the threads split the batch instead of contending inside every small GEMM.
 
 Names are those of convolution: the "image side" is what im2col reads (a convolution's bottom, a
-deconvolution's top), W is (out_channels, in_channels / group, *kernel) seen as (group, Mg, Kg), the "output
-side" is (N, out_channels, P). A deconvolution's forward is a convolution's backward, and vice versa.
+deconvolution's top), W is (out_channels, in_channels / group, *kernel), the "output side" is
+(N, out_channels, P). A deconvolution's forward is a convolution's backward, and vice versa.
 """
 import numpy as np
 
+from .. import common
+from .._kernels import convgemm as _kc
 from .._kernels import im2col as _k
 
 COL_CHUNK_BYTES = 4 << 20   # column buffer per chunk: about an L2/L3-sized working set
+
+
+def _single_threaded_kernel_blas():
+    """The kernel's BLAS (scipy's, called from inside the OpenMP threads) must not start threads of its own."""
+    from threadpoolctl import ThreadpoolController
+    for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+        if "scipy" in lib.filepath and "numpy" not in lib.filepath:
+            lib.set_num_threads(1)
+
+
+_single_threaded_kernel_blas()
 
 
 def _count(shape):
@@ -21,6 +35,14 @@ def _count(shape):
     for d in shape:
         n *= int(d)
     return n
+
+
+def _flat(array, dtype, writable=False):
+    if array is None:
+        return np.empty(0, dtype=dtype)
+    if writable and not (array.flags.c_contiguous and array.dtype == dtype):
+        raise ValueError("convolution output must be a C-contiguous %s array" % np.dtype(dtype))
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1)
 
 
 class ConvEngine:
@@ -34,90 +56,34 @@ class ConvEngine:
         self.positions = _count(self.out_spatial)                     # P
         self.group = int(group)
         self.out_channels = int(out_channels)
-        self.mg = self.out_channels // self.group
-        self.kg = self.rows // self.group
-        # Caffe's is_1x1_: the image is its own column buffer (per image), so no im2col is needed.
-        self.is_1x1 = all(k == 1 for k in kernel) and all(s == 1 for s in stride) and all(p == 0 for p in pad)
-        self._buffers = {}
+        self._scratch = {}
 
-    def _buffer(self, name, size, dtype):
-        key = (name, np.dtype(dtype))
-        buf = self._buffers.get(key)
-        if buf is None or buf.size < size:
-            buf = self._buffers[key] = np.empty(size, dtype=dtype)
-        return buf[:size]
-
-    def _chunks(self, num, itemsize):
+    def _chunk(self, num, itemsize, threads):
         per_image = max(1, self.rows * self.positions * itemsize)
-        step = max(1, min(num, COL_CHUNK_BYTES // per_image))
-        return [(n0, min(num, n0 + step)) for n0 in range(0, num, step)]
+        by_cache = max(1, COL_CHUNK_BYTES // per_image)
+        return max(1, min(by_cache, -(-num // threads)))              # every thread gets a chunk if it can
 
-    def _im2col(self, ims, n):
-        """Column buffer (group, Kg, n * P) of n images (n, C, *spatial)."""
-        col = self._buffer("col", self.rows * n * self.positions, ims.dtype)
-        _k.im2col(ims.reshape(-1), col, *self.geometry, force_nd=self.force_nd, num=n)
-        return col.reshape(self.group, self.kg, n * self.positions)
-
-    def _to_group_major(self, y, n, name):
-        """(n, out_channels, P) -> (group, Mg, n * P): the output side in column layout."""
-        buf = self._buffer(name, self.out_channels * n * self.positions, y.dtype)
-        buf = buf.reshape(self.out_channels, n, self.positions)
-        np.copyto(buf, y.reshape(n, self.out_channels, self.positions).transpose(1, 0, 2))
-        return buf.reshape(self.group, self.mg, n * self.positions)
-
-    def _weights(self, w):
-        return w.reshape(self.group, self.mg, self.kg)
-
-    def _accumulate_weight_grad(self, dw, yt, col):
-        # dW (group, Mg, Kg) += y (group, Mg, nP) x col^T: numpy passes the transposed view to BLAS as is.
-        dw.reshape(self.group, self.mg, self.kg)[...] += np.matmul(yt, col.transpose(0, 2, 1))
+    def _run(self, w, num, im_in=None, y_in=None, bias=None, out=None, im_out=None, dw=None):
+        dtype = w.dtype
+        threads = max(1, common.num_threads())
+        chunk = self._chunk(num, dtype.itemsize, threads)
+        size = threads * (self.rows + self.out_channels) * chunk * self.positions
+        scratch = self._scratch.get(dtype)
+        if scratch is None or scratch.size < size:
+            scratch = self._scratch[dtype] = np.empty(size, dtype=dtype)
+        partials = np.zeros(threads * w.size, dtype=dtype) if dw is not None else np.empty(0, dtype=dtype)
+        _kc.run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
+                _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, num, *self.geometry,
+                self.force_nd, self.group, self.out_channels, chunk, threads)
+        if dw is not None:
+            dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
 
     def image_to_output(self, w, ims, out=None, bias=None, dw=None, y=None):
-        """Per chunk: col = im2col(ims); out = W col (+ bias), and/or dW += y col^T.
+        """col = im2col(ims); out = W col (+ bias), and/or dW += y col^T.
         Convolution forward (out) and a deconvolution's backward (out = bottom diff, dW with y = its bottom)."""
-        num = ims.shape[0]
-        ims = np.ascontiguousarray(ims)
-        wg = self._weights(w)
-        for n0, n1 in self._chunks(num, ims.dtype.itemsize):
-            n = n1 - n0
-            if out is not None and dw is None and self.is_1x1:
-                # The images are their own columns: one GEMM per image writes the output in place.
-                np.matmul(wg, ims[n0:n1].reshape(n, self.group, self.kg, self.positions),
-                          out=out[n0:n1].reshape(n, self.group, self.mg, self.positions))
-                if bias is not None:
-                    out[n0:n1].reshape(n, self.out_channels, self.positions)[...] += bias[:, None]
-                continue
-            col = self._im2col(ims[n0:n1], n)
-            if dw is not None:
-                self._accumulate_weight_grad(dw, self._to_group_major(y[n0:n1], n, "y"), col)
-            if out is not None:
-                prod = self._buffer("prod", self.out_channels * n * self.positions, ims.dtype)
-                np.matmul(wg, col, out=prod.reshape(self.group, self.mg, n * self.positions))
-                target = out[n0:n1].reshape(n, self.out_channels, self.positions)
-                prod = prod.reshape(self.out_channels, n, self.positions).transpose(1, 0, 2)
-                if bias is None:
-                    np.copyto(target, prod)
-                else:
-                    np.add(prod, bias[None, :, None], out=target)
+        self._run(w, ims.shape[0], im_in=ims, y_in=y if dw is not None else None, bias=bias, out=out, dw=dw)
 
     def output_to_image(self, w, y, ims_out=None, dw=None, ims_in=None):
-        """Per chunk: yt = y in column layout; ims_out = col2im(W^T yt), and/or dW += yt im2col(ims_in)^T.
+        """ims_out = col2im(W^T y), and/or dW += y im2col(ims_in)^T.
         Convolution backward (bottom diff, weight diff) and a deconvolution's forward (ims_out = its top)."""
-        num = y.shape[0]
-        y = np.ascontiguousarray(y)
-        wg = self._weights(w)
-        if ims_in is not None:
-            ims_in = np.ascontiguousarray(ims_in)
-        for n0, n1 in self._chunks(num, y.dtype.itemsize):
-            n = n1 - n0
-            if ims_out is not None and dw is None and self.is_1x1:
-                np.matmul(wg.transpose(0, 2, 1), y[n0:n1].reshape(n, self.group, self.mg, self.positions),
-                          out=ims_out[n0:n1].reshape(n, self.group, self.kg, self.positions))
-                continue
-            yt = self._to_group_major(y[n0:n1], n, "y")
-            if dw is not None:
-                self._accumulate_weight_grad(dw, yt, self._im2col(ims_in[n0:n1], n))
-            if ims_out is not None:
-                col = self._buffer("col", self.rows * n * self.positions, y.dtype)
-                np.matmul(wg.transpose(0, 2, 1), yt, out=col.reshape(self.group, self.kg, n * self.positions))
-                _k.col2im(col, ims_out[n0:n1].reshape(-1), *self.geometry, force_nd=self.force_nd, num=n)
+        self._run(w, y.shape[0], im_in=ims_in if dw is not None else None, y_in=y, im_out=ims_out, dw=dw)

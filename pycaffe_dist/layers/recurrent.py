@@ -1,15 +1,99 @@
 """RNN, LSTM and LSTMUnit, after Caffe's src/caffe/layers/recurrent_layer.cpp, rnn_layer.cpp, lstm_layer.cpp and
 lstm_unit_layer.cpp.
 
-Caffe builds an unrolled net of InnerProduct/Eltwise/... layers; its parameters are that net's InnerProduct
-blobs in the order the unrolled layers are created, which is the order of `self.blobs` here:
+RNN and LSTM build, as Caffe does, an unrolled net of InnerProduct/Eltwise/Scale/Slice/Concat/Reshape/TanH/
+LSTMUnit layers (one group per time step, weights shared by ParamSpec name) and run its forward and backward.
+Their blobs are that net's learnable params, in the order its layers create them:
   LSTM: W_xc (4H, K), b_c (4H), [W_xc_static (4H, K_static)], W_hc (4H, H)
   RNN:  W_xh (H, K),  b_h (H),  [W_xh_static (H, K_static)],  W_hh (H, H), W_ho (H, H), b_o (H)
 with H = num_output, K = prod(x.shape[2:]) and K_static = prod(x_static.shape[1:]).
+
+Caffe's quirks kept: without expose_hidden the state carries over between forward passes (h_0 = the last h_T;
+cont = 0 at t = 0 resets it); with expose_hidden, h_0 / c_0 are read but get no gradient and the diffs of the
+h_T / c_T tops are ignored ("we can't backpropagate across batches").
 """
+import logging
+
+import numpy as np
+
 from ..net.blob import count
+from ..proto import caffe_pb2
 from .base import Layer, check_param_shapes
 from .registry import register
+
+log = logging.getLogger("pycaffe_dist")
+
+
+def _add_layer(net, type_, name, bottom=(), top=()):
+    lp = net.layer.add(type=type_, name=name)
+    lp.bottom.extend(bottom)
+    lp.top.extend(top)
+    return lp
+
+
+def _add_inner_product(net, name, bottom, top, num_output, axis, params, weight_filler, bias_filler=None,
+                       propagate_down=False):
+    """Caffe's hidden_param (no bias) or biased_hidden_param, with its params named for sharing."""
+    lp = _add_layer(net, "InnerProduct", name, [bottom], [top])
+    ip = lp.inner_product_param
+    ip.num_output, ip.axis, ip.bias_term = num_output, axis, bias_filler is not None
+    ip.weight_filler.CopyFrom(weight_filler)
+    if bias_filler is not None:
+        ip.bias_filler.CopyFrom(bias_filler)
+    for param_name in params:
+        lp.param.add(name=param_name)
+    if propagate_down:
+        lp.propagate_down.append(True)
+    return lp
+
+
+def _add_state_input(net, names, num, num_output):
+    layer = _add_layer(net, "Input", "", top=names)
+    for _ in names:
+        layer.input_param.shape.add().dim.extend((1, num, num_output))   # a single time step
+
+
+def _add_static_transform(net, name, num_output, weight_filler, param):
+    """x_static (N, ...) -> (1, N, num_output), added to every time step's input sum."""
+    _add_inner_product(net, name, "x_static", name + "_preshape", num_output, 1, [param], weight_filler,
+                       propagate_down=True)
+    reshape = _add_layer(net, "Reshape", name + "_reshape", [name + "_preshape"], [name])
+    reshape.reshape_param.shape.dim.extend((1, -1, num_output))
+
+
+def _add_slice(net, name, bottom, tops):
+    _add_layer(net, "Slice", name, [bottom], tops).slice_param.axis = 0
+
+
+def _add_cont_scale(net, t):
+    """h_conted_{t-1} = cont_t * h_{t-1}: cont_t = 0 flushes the state at the start of a sequence."""
+    scale = _add_layer(net, "Scale", "h_conted_%d" % (t - 1), ["h_%d" % (t - 1), "cont_%d" % t],
+                       ["h_conted_%d" % (t - 1)])
+    scale.scale_param.axis = 0
+
+
+def _add_sum(net, name, bottoms, top):
+    _add_layer(net, "Eltwise", name, bottoms, [top]).eltwise_param.operation = caffe_pb2.EltwiseParameter.SUM
+
+
+def _debug_info(net, last_layer, backward):
+    """Caffe's Net::ForwardDebugInfo / BackwardDebugInfo: the mean absolute data of every top (diff of every
+    bottom that gets one) and param of the unrolled net."""
+    what, field = ("Backward", "diff") if backward else ("Forward", "data")
+    for layer_id in range(last_layer + 1):
+        name, layer = net.layer_names[layer_id], net.layers[layer_id]
+        if backward:
+            blobs = [(net.blob_names[i], "bottom") for i, need in
+                     zip(net.bottom_ids[layer_id], net.bottom_need_backward[layer_id]) if need]
+        else:
+            blobs = [(net.blob_names[i], "top") for i in net.top_ids[layer_id]]
+        for blob_name, kind in blobs:
+            values = getattr(net.blob_by_name(blob_name), field)
+            log.info("    [%s] Layer %s, %s blob %s %s: %g", what, name, kind, blob_name, field,
+                     np.abs(values).mean())
+        for j, blob in enumerate(layer.blobs):
+            values = getattr(blob, field)
+            log.info("    [%s] Layer %s, param blob %d %s: %g", what, name, j, field, np.abs(values).mean())
 
 
 class _RecurrentLayer(Layer):
@@ -17,7 +101,7 @@ class _RecurrentLayer(Layer):
     the initial recurrent states; tops: the output (T, N, num_output), then with expose_hidden the final states.
     Every recurrent state is (1, N, num_output)."""
     recurrent_names = ()       # Caffe's RecurrentInputBlobNames (the final states are named after them)
-    gates = 1                  # rows of the input transform per hidden unit
+    output_name = None         # Caffe's OutputBlobNames: the unrolled net's blob that is top[0]
 
     @property
     def _num_hidden_exposed(self):
@@ -54,12 +138,53 @@ class _RecurrentLayer(Layer):
                        "#streams = %d, got %s" % (self.N, s))
             self.check(len(s) >= 2, "bottom[2] (x_static) needs a feature axis: (#streams, ...), got %s" % (s,))
             self.static_dim = count(s, 1)
-        expected = self.param_shapes()
+        self._build_unrolled_net(bottom)
+        owners = self.unrolled_net.learnable_params
         if self.blobs:
-            check_param_shapes(self, expected)
+            check_param_shapes(self, [b.shape for b in owners])
+            self._bind_params()
         else:
-            fillers = self.param_fillers(rp.weight_filler, rp.bias_filler)
-            self.blobs = [self.make_param(shape, f) for shape, f in zip(expected, fillers)]
+            self.blobs = list(owners)    # unfilled until first used, like every layer's params
+
+    def _build_unrolled_net(self, bottom):
+        from ..net.net import Net    # not at import time: pycaffe_dist.net imports this package
+        net_param = caffe_pb2.NetParameter()
+        inputs = ["x", "cont"] + (["x_static"] if self.static_input else [])
+        layer = _add_layer(net_param, "Input", "", top=inputs)
+        for blob in bottom[:len(inputs)]:
+            layer.input_param.shape.add().dim.extend(blob.shape)
+        self.fill_unrolled_net(net_param)
+        prefix = self.name + "_" if self.name else ""
+        for lp in net_param.layer:
+            lp.name = prefix + lp.name
+        # A "pseudo-loss" on the output makes the net backpropagate to it (force_backward would also reach cont);
+        # it never runs.
+        pseudo_loss = self.output_name + "_pseudoloss"
+        _add_layer(net_param, "Reduction", pseudo_loss, [self.output_name], [pseudo_loss]).loss_weight.append(1)
+
+        # Phase TEST, as Caffe's (its NetParameter has no state); params filled when first used.
+        net = self.unrolled_net = Net(net_param, fill_params=False)
+        self.last_layer = net.layer_index(pseudo_loss) - 1
+        self.input_blobs = [net.blob_by_name(name) for name in inputs]
+        self.recur_input_blobs = [net.blob_by_name(name) for name in self.recurrent_names]
+        self.recur_output_blobs = [net.blob_by_name(name) for name in self.recurrent_output_names()]
+        self.output_blob = net.blob_by_name(self.output_name)
+        self.inner_blobs = [net.blob_by_name(name) for name in net.blob_names]
+        self.inner_dtype = np.dtype(np.float32)
+        # Layers reading x / x_static (their gradients follow propagate_down) and, for every param slot of every
+        # layer, the index of its blob in self.blobs.
+        self.input_transforms = [net.layer_index(prefix + name) for name in self.input_transform_names()]
+        self.param_slots = [(net.layers[l], p, k) for (l, p), k in zip(net.param_layer_index,
+                                                                       net.learnable_param_ids)]
+
+    def _bind_params(self):
+        """Caffe's unrolled_net_->ShareWeights(): every time step uses this layer's blobs, also after someone
+        replaced them (Net.share_with, as a test net sharing the train net's weights)."""
+        if all(layer.blobs[p] is self.blobs[k] for layer, p, k in self.param_slots):
+            return
+        for layer, p, k in self.param_slots:
+            layer.blobs[p] = self.blobs[k]
+        self.unrolled_net._share_weights()
 
     def _check_inputs(self, bottom):
         x, cont = bottom[0].shape, bottom[1].shape
@@ -87,21 +212,94 @@ class _RecurrentLayer(Layer):
         top[0].reshape((self.T, self.N, self.num_output))
         for t in top[1:]:
             t.reshape(state)
+        self._reshape_unrolled(bottom, state)
+
+    def _reshape_unrolled(self, bottom, state):
+        """Caffe's Reshape of the unrolled net. The bottoms and tops are shared with it at forward time (Caffe does
+        it here), so that setting up a net for its shapes allocates nothing."""
+        dtype = bottom[0].dtype
+        if dtype != self.inner_dtype:    # float64 under the gradient checker: the inner blobs follow the bottoms
+            for blob in self.inner_blobs:
+                blob.astype(dtype)
+            self.inner_dtype = dtype
+        for blob, b in zip(self.input_blobs, bottom):
+            blob.reshape(b.shape)
+        for blob in self.recur_input_blobs:
+            blob.reshape(state)
+        self.unrolled_net.reshape()
+
+    def forward(self, bottom, top):
+        self._bind_params()
+        for blob, b in zip(self.input_blobs, bottom):
+            blob.share_data(b)
+        # Caffe shares the diffs of x and x_static, not of cont: the input transforms write the bottoms' gradients.
+        self.input_blobs[0].share_diff(bottom[0])
+        if self.static_input:
+            self.input_blobs[2].share_diff(bottom[2])
+        if self._num_hidden_exposed:     # h_0 (c_0) share their data only: Caffe gives them no gradient
+            for blob, b in zip(self.recur_input_blobs, bottom[2 + self.static_input:]):
+                blob.share_data(b)
+        else:
+            for blob_0, blob_T in zip(self.recur_input_blobs, self.recur_output_blobs):
+                blob_0.data[...] = blob_T.data    # the state carries over from the previous forward pass
+        self.unrolled_net.forward_from_to(0, self.last_layer)
+        # top[0] shares the output blob's data and diff, after the forward: with one time step the output Concat
+        # shares h_1's memory only then. The final states share their data only; their diffs are not used.
+        top[0].share_data(self.output_blob)
+        top[0].share_diff(self.output_blob)
+        if self.loss_weights[0]:
+            top[0].diff[...] = self.loss_weights[0]
+        for t, blob in zip(top[1:], self.recur_output_blobs):
+            t.share_data(blob)
+        if self.param.recurrent_param.debug_info:
+            _debug_info(self.unrolled_net, self.last_layer, backward=False)
+
+    def backward(self, top, propagate_down, bottom):
+        # Caffe backpropagates into x / x_static and every param unconditionally; we skip what is not asked for.
+        net = self.unrolled_net
+        for layer_id, i in zip(self.input_transforms, (0, 2)):
+            net.bottom_need_backward[layer_id][0] = propagate_down[i]
+        for layer, p, k in self.param_slots:
+            layer.param_propagate_down[p] = self.param_propagate_down[k]
+        net.backward_from_to(self.last_layer, 0)
+        if self.param.recurrent_param.debug_info:
+            _debug_info(net, self.last_layer, backward=True)
+
+    def input_transform_names(self):
+        return ["x_transform"] + ([self.static_transform_name] if self.static_input else [])
 
 
 @register("LSTM")
 class LSTMLayer(_RecurrentLayer):
     recurrent_names = ("h_0", "c_0")   # lstm_layer.cpp RecurrentInputBlobNames; outputs h_T, c_T
+    output_name = "h"
+    static_transform_name = "W_xc_x_static"
 
-    def param_shapes(self):
-        g = 4 * self.num_output
-        shapes = [(g, self.input_dim), (g,)]
+    def recurrent_output_names(self):
+        return ["h_%d" % self.T, "c_T"]
+
+    def fill_unrolled_net(self, net):
+        """lstm_layer.cpp FillUnrolledNet: per step, gate_input_t = W_hc h_conted_{t-1} + W_xc x_t + b_c
+        [+ W_xc_static x_static], then LSTMUnit(c_{t-1}, gate_input_t, cont_t) -> c_t, h_t."""
+        rp = self.param.recurrent_param
+        T, G = self.T, 4 * self.num_output
+        _add_state_input(net, ["c_0", "h_0"], self.N, self.num_output)
+        _add_slice(net, "cont_slice", "cont", ["cont_%d" % t for t in range(1, T + 1)])
+        _add_inner_product(net, "x_transform", "x", "W_xc_x", G, 2, ["W_xc", "b_c"], rp.weight_filler,
+                           rp.bias_filler, propagate_down=True)
         if self.static_input:
-            shapes.append((g, self.static_dim))
-        return shapes + [(g, self.num_output)]
-
-    def param_fillers(self, weight, bias):
-        return [weight, bias] + ([weight] if self.static_input else []) + [weight]
+            _add_static_transform(net, "W_xc_x_static", G, rp.weight_filler, "W_xc_static")
+        _add_slice(net, "W_xc_x_slice", "W_xc_x", ["W_xc_x_%d" % t for t in range(1, T + 1)])
+        for t in range(1, T + 1):
+            _add_cont_scale(net, t)
+            _add_inner_product(net, "transform_%d" % t, "h_conted_%d" % (t - 1), "W_hc_h_%d" % (t - 1), G, 2,
+                               ["W_hc"], rp.weight_filler)
+            _add_sum(net, "gate_input_%d" % t, ["W_hc_h_%d" % (t - 1), "W_xc_x_%d" % t] +
+                     (["W_xc_x_static"] if self.static_input else []), "gate_input_%d" % t)
+            _add_layer(net, "LSTMUnit", "unit_%d" % t, ["c_%d" % (t - 1), "gate_input_%d" % t, "cont_%d" % t],
+                       ["c_%d" % t, "h_%d" % t])
+        _add_layer(net, "Split", "", ["c_%d" % T], ["c_T"])
+        _add_layer(net, "Concat", "h_concat", ["h_%d" % t for t in range(1, T + 1)], ["h"]).concat_param.axis = 0
 
     def flops(self, bottom, top):
         T, N, H = self.T, self.N, self.num_output
@@ -115,16 +313,35 @@ class LSTMLayer(_RecurrentLayer):
 @register("RNN")
 class RNNLayer(_RecurrentLayer):
     recurrent_names = ("h_0",)          # rnn_layer.cpp; output h_T
+    output_name = "o"
+    static_transform_name = "W_xh_x_static"
 
-    def param_shapes(self):
-        H = self.num_output
-        shapes = [(H, self.input_dim), (H,)]
+    def recurrent_output_names(self):
+        return ["h_%d" % self.T]
+
+    def fill_unrolled_net(self, net):
+        """rnn_layer.cpp FillUnrolledNet: h_t = tanh(W_hh h_conted_{t-1} + W_xh x_t + b_h [+ W_xh_static x_static]),
+        o_t = tanh(W_ho h_t + b_o)."""
+        rp = self.param.recurrent_param
+        T, H = self.T, self.num_output
+        _add_state_input(net, ["h_0"], self.N, H)
+        _add_slice(net, "cont_slice", "cont", ["cont_%d" % t for t in range(1, T + 1)])
+        _add_inner_product(net, "x_transform", "x", "W_xh_x", H, 2, ["W_xh", "b_h"], rp.weight_filler,
+                           rp.bias_filler, propagate_down=True)
         if self.static_input:
-            shapes.append((H, self.static_dim))
-        return shapes + [(H, H), (H, H), (H,)]
-
-    def param_fillers(self, weight, bias):
-        return [weight, bias] + ([weight] if self.static_input else []) + [weight, weight, bias]
+            _add_static_transform(net, "W_xh_x_static", H, rp.weight_filler, "W_xh_static")
+        _add_slice(net, "W_xh_x_slice", "W_xh_x", ["W_xh_x_%d" % t for t in range(1, T + 1)])
+        for t in range(1, T + 1):
+            _add_cont_scale(net, t)
+            _add_inner_product(net, "W_hh_h_%d" % (t - 1), "h_conted_%d" % (t - 1), "W_hh_h_%d" % (t - 1), H, 2,
+                               ["W_hh"], rp.weight_filler)
+            _add_sum(net, "h_input_sum_%d" % t, ["W_hh_h_%d" % (t - 1), "W_xh_x_%d" % t] +
+                     (["W_xh_x_static"] if self.static_input else []), "h_neuron_input_%d" % t)
+            _add_layer(net, "TanH", "h_neuron_%d" % t, ["h_neuron_input_%d" % t], ["h_%d" % t])
+            _add_inner_product(net, "W_ho_h_%d" % t, "h_%d" % t, "W_ho_h_%d" % t, H, 2, ["W_ho", "b_o"],
+                               rp.weight_filler, rp.bias_filler)
+            _add_layer(net, "TanH", "o_neuron_%d" % t, ["W_ho_h_%d" % t], ["o_%d" % t])
+        _add_layer(net, "Concat", "o_concat", ["o_%d" % t for t in range(1, T + 1)], ["o"]).concat_param.axis = 0
 
     def flops(self, bottom, top):
         T, N, H = self.T, self.N, self.num_output
@@ -134,9 +351,15 @@ class RNNLayer(_RecurrentLayer):
         return flops + T * N * H * (2 + 4 + 4)   # sums, tanh of h and of o
 
 
+def _sigmoid(x):
+    with np.errstate(over="ignore"):     # exp(-x) overflows to inf for x << 0: the sigmoid is then 0, as in Caffe
+        return 1 / (1 + np.exp(-x))
+
+
 @register("LSTMUnit")
 class LSTMUnitLayer(Layer):
-    """One LSTM step. Bottoms: c_prev (1, N, H), gate input x (1, N, 4H), cont (1, N); tops: c, h (1, N, H)."""
+    """One LSTM step. Bottoms: c_prev (1, N, H), gate input x (1, N, 4H) = (i, f, o, g) pre-activations, cont (1, N);
+    tops: c = cont * f * c_prev + i * g and h = o * tanh(c), with i, f, o sigmoids and g a tanh (1, N, H)."""
     exact_num_bottom = 3
     exact_num_top = 2
 
@@ -155,6 +378,35 @@ class LSTMUnitLayer(Layer):
                    % (self.hidden_dim, 4 * self.hidden_dim, x[2]))
         for t in top:
             t.reshape(c_prev)
+
+    def forward(self, bottom, top):
+        c_prev, x, cont = bottom[0].data[0], bottom[1].data[0], bottom[2].data[0]
+        num, H = c_prev.shape
+        ifo = _sigmoid(x[:, :3 * H]).reshape(num, 3, H)
+        i, f, o = ifo[:, 0], ifo[:, 1], ifo[:, 2]
+        f *= cont[:, None]       # Caffe: f = cont == 0 ? 0 : cont * sigmoid(f')
+        g = np.tanh(x[:, 3 * H:])
+        c = top[0].data[0]
+        np.multiply(f, c_prev, out=c)
+        c += i * g
+        tanh_c = np.tanh(c)
+        np.multiply(o, tanh_c, out=top[1].data[0])
+        self.saved = (i, f, o, g, tanh_c)    # Caffe recomputes these in its backward
+
+    def backward(self, top, propagate_down, bottom):
+        self.check(not propagate_down[2], "Cannot backpropagate to sequence indicators.")
+        i, f, o, g, tanh_c = self.saved
+        c_diff, h_diff = top[0].diff[0], top[1].diff[0]
+        c_term = c_diff + h_diff * o * (1 - tanh_c * tanh_c)
+        if propagate_down[0]:
+            np.multiply(c_term, f, out=bottom[0].diff[0])
+        if propagate_down[1]:
+            num, H = i.shape
+            x_diff = bottom[1].diff[0].reshape(num, 4, H)
+            x_diff[:, 0] = c_term * g * i * (1 - i)
+            x_diff[:, 1] = c_term * bottom[0].data[0] * f * (1 - f)
+            x_diff[:, 2] = h_diff * tanh_c * o * (1 - o)
+            x_diff[:, 3] = c_term * i * (1 - g * g)
 
     def flops(self, bottom, top):
         # per unit: 3 sigmoids + 2 tanh (counted 4 each), c = cont*f*c_prev + i*g (4), h = o*tanh(c) (1)
