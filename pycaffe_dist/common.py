@@ -33,14 +33,28 @@ def rng():
     return _state["rng"]
 
 
+def _is_kernel_blas(lib):
+    # scipy's BLAS serves the convolution kernel (csrc/convgemm.pyx), called from inside our OpenMP threads.
+    return "scipy" in lib.filepath and "numpy" not in lib.filepath
+
+
 def set_num_threads(n):
-    """Threads for the CPU work: the BLAS's (GEMMs) and the OpenMP kernels' (csrc/). Caffe's CPU build uses
-    OPENBLAS_NUM_THREADS for the former and is single-threaded otherwise."""
-    from threadpoolctl import threadpool_limits
+    """Threads for the CPU work: the OpenMP kernels (csrc/) and numpy's BLAS (the GEMMs outside them). Caffe's CPU
+    build uses OPENBLAS_NUM_THREADS for the latter and is single-threaded otherwise."""
+    from threadpoolctl import ThreadpoolController
     from ._kernels import parallel
     n = max(1, int(n))
-    _state["blas_limits"] = threadpool_limits(limits=n, user_api="blas")   # kept: the limit holds while it lives
+    for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+        lib.set_num_threads(1 if _is_kernel_blas(lib) else n)
     parallel.set_num_threads(n)
+
+
+def single_threaded_kernel_blas():
+    """The kernel's BLAS must never start threads of its own: our threads already split the work."""
+    from threadpoolctl import ThreadpoolController
+    for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+        if _is_kernel_blas(lib):
+            lib.set_num_threads(1)
 
 
 def num_threads():

@@ -16,18 +16,11 @@ from .. import common
 from .._kernels import convgemm as _kc
 from .._kernels import im2col as _k
 
-COL_CHUNK_BYTES = 4 << 20   # column buffer per chunk: about an L2/L3-sized working set
+COL_CHUNK_BYTES = 4 << 20     # column buffer per chunk: about an L2/L3-sized working set
+GATHER_MAX_ENTRIES = 1 << 22  # 2-D im2col gathers through index tables up to 16 MB (else the row loops)
 
 
-def _single_threaded_kernel_blas():
-    """The kernel's BLAS (scipy's, called from inside the OpenMP threads) must not start threads of its own."""
-    from threadpoolctl import ThreadpoolController
-    for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
-        if "scipy" in lib.filepath and "numpy" not in lib.filepath:
-            lib.set_num_threads(1)
-
-
-_single_threaded_kernel_blas()
+common.single_threaded_kernel_blas()   # loaded with the kernel just above
 
 
 def _count(shape):
@@ -57,6 +50,16 @@ class ConvEngine:
         self.group = int(group)
         self.out_channels = int(out_channels)
         self._scratch = {}
+        # The gather table: im2col of the zero-padded image's pixel numbers (exact in float64).
+        self.index = np.empty(0, dtype=np.int32)
+        spatial = self.im_shape[1:]
+        if len(spatial) == 2 and not self.force_nd and self.rows * self.positions <= GATHER_MAX_ENTRIES:
+            self.padded_shape = (self.im_shape[0],) + tuple(d + 2 * p for d, p in zip(spatial, pad))
+            pixels = np.arange(_count(self.padded_shape), dtype=np.float64)
+            index = np.empty(self.rows * self.positions, dtype=np.float64)
+            _k.im2col(pixels, index, self.padded_shape, tuple(kernel), (0, 0), tuple(stride), tuple(dilation))
+            self.index = index.astype(np.int32)
+        self.padded_count = _count(self.padded_shape) if self.index.size else 0
 
     def _chunk(self, num, itemsize, threads):
         per_image = max(1, self.rows * self.positions * itemsize)
@@ -67,13 +70,14 @@ class ConvEngine:
         dtype = w.dtype
         threads = max(1, common.num_threads())
         chunk = self._chunk(num, dtype.itemsize, threads)
-        size = threads * (self.rows + self.out_channels) * chunk * self.positions
+        # Per thread: columns, output-side buffer, then the padded image, whose borders must be zero.
+        size = threads * ((self.rows + self.out_channels) * chunk * self.positions + self.padded_count)
         scratch = self._scratch.get(dtype)
         if scratch is None or scratch.size < size:
-            scratch = self._scratch[dtype] = np.empty(size, dtype=dtype)
+            scratch = self._scratch[dtype] = np.zeros(size, dtype=dtype)
         partials = np.zeros(threads * w.size, dtype=dtype) if dw is not None else np.empty(0, dtype=dtype)
         _kc.run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
-                _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, num, *self.geometry,
+                _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, self.index, num, *self.geometry,
                 self.force_nd, self.group, self.out_channels, chunk, threads)
         if dw is not None:
             dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
