@@ -13,14 +13,23 @@ deconvolution's top), W is (out_channels, in_channels / group, *kernel), the "ou
 import numpy as np
 
 from .. import common
-from .._kernels import convgemm as _kc
 from .._kernels import im2col as _k
 
 COL_CHUNK_BYTES = 4 << 20     # column buffer per chunk: about an L2/L3-sized working set
 GATHER_MAX_ENTRIES = 1 << 22  # 2-D im2col gathers through index tables up to 16 MB (else the row loops)
 
 
-common.single_threaded_kernel_blas()   # loaded with the kernel just above
+_kernel = []
+
+
+def _convgemm():
+    """The kernel, imported on first use: it loads scipy's BLAS, which building a net for its shapes (net-info,
+    upgrade) should not pay for."""
+    if not _kernel:
+        from .._kernels import convgemm
+        common.single_threaded_kernel_blas()
+        _kernel.append(convgemm)
+    return _kernel[0]
 
 
 def _count(shape):
@@ -76,7 +85,7 @@ class ConvEngine:
         if scratch is None or scratch.size < size:
             scratch = self._scratch[dtype] = np.zeros(size, dtype=dtype)
         partials = np.zeros(threads * w.size, dtype=dtype) if dw is not None else np.empty(0, dtype=dtype)
-        _kc.run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
+        _convgemm().run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
                 _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, self.index, num, *self.geometry,
                 self.force_nd, self.group, self.out_channels, chunk, threads)
         if dw is not None:
