@@ -24,19 +24,20 @@ class GradientChecker:
     # --- setting up -------------------------------------------------------------------------------------
 
     @staticmethod
-    def make(layer_param, bottoms, phase=caffe_pb2.TRAIN, num_tops=1, seed=1701):
-        """Build and set up the layer on float64 copies of `bottoms` (arrays); returns (layer, bottom, top)."""
+    def make(layer_param, bottoms, phase=caffe_pb2.TRAIN, num_tops=1, seed=1701, dtype=np.float64):
+        """Build and set up the layer on copies of `bottoms` (arrays) in `dtype` (float64 for the checks);
+        returns (layer, bottom, top)."""
         common.set_random_seed(seed)
         bottom = []
         for x in bottoms:
-            blob = Blob(np.shape(x), dtype=np.float64)
+            blob = Blob(np.shape(x), dtype=dtype)
             blob.data[...] = x
             bottom.append(blob)
-        top = [Blob(dtype=np.float64) for _ in range(num_tops)]
+        top = [Blob(dtype=dtype) for _ in range(num_tops)]
         layer = create_layer(layer_param, phase)
         layer.setup(bottom, top)
         for blob in layer.blobs:
-            blob.astype(np.float64)
+            blob.astype(dtype)
         return layer, bottom, top
 
     # --- Caffe's GetObjAndGradient ----------------------------------------------------------------------

@@ -6,23 +6,14 @@ import pytest
 
 from pycaffe_dist.errors import ModelFileError, NetError
 from pycaffe_dist.io.binaryproto import write_binary
-from pycaffe_dist.layers import create_layer
 from pycaffe_dist.net.blob import Blob
-from tests.layers.gradient_checker import check_layer, layer_param
+from tests.layers.gradient_checker import GradientChecker, check_layer, layer_param
 
 FLT_MIN = np.finfo(np.float32).tiny
 
 
 def make(text, bottoms, num_tops=1, dtype=np.float32):
-    bottom = []
-    for x in bottoms:
-        blob = Blob(np.shape(x), dtype=dtype)
-        blob.data[...] = x
-        bottom.append(blob)
-    top = [Blob(dtype=dtype) for _ in range(num_tops)]
-    layer = create_layer(layer_param(text))
-    layer.setup(bottom, top)
-    return layer, bottom, top
+    return GradientChecker.make(layer_param(text), bottoms, num_tops=num_tops, dtype=dtype)
 
 
 def forward(text, bottoms, num_tops=1, dtype=np.float32):

@@ -5,8 +5,6 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.errors import NetError
-from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
 from tests.layers.gradient_checker import GradientChecker, check_layer, layer_param
 
 
@@ -16,16 +14,7 @@ def gaussian(*shape, seed=0):
 
 def run(text, bottoms, num_tops=1, dtype=np.float64):
     """Set up the layer on copies of `bottoms` and run reshape + forward; returns (layer, bottom, top)."""
-    bottom = []
-    for x in bottoms:
-        blob = Blob(np.shape(x), dtype=dtype)
-        blob.data[...] = x
-        bottom.append(blob)
-    top = [Blob(dtype=dtype) for _ in range(num_tops)]
-    layer = create_layer(layer_param(text))
-    layer.setup(bottom, top)
-    for blob in layer.blobs:
-        blob.astype(dtype)
+    layer, bottom, top = GradientChecker.make(layer_param(text), bottoms, num_tops=num_tops, dtype=dtype)
     layer.reshape(bottom, top)
     layer.forward(bottom, top)
     return layer, bottom, top
