@@ -84,12 +84,17 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
             (want_bias and bias.shape[0] != out_channels) or \
             (gather and (nax != 2 or force_nd or index.shape[0] != rows * positions)):
         raise ValueError("convgemm.run: array sizes do not match %d images of %r" % (num, tuple(im_shape)))
-    if (want_dw or want_out) and not want_col or (want_dw or want_im) and not want_y or num == 0 or \
-            rows == 0 or positions == 0:
-        if num and (want_dw or want_out) and not want_col or num and (want_dw or want_im) and not want_y:
-            raise ValueError("convgemm.run: the requested products need im_in / y_in")
-        return
+    if num and ((want_dw or want_out) and not want_col or (want_dw or want_im) and not want_y):
+        raise ValueError("convgemm.run: the requested products need im_in / y_in")
     cdef Py_ssize_t chunks = (num + chunk - 1) // chunk, ci, n0, nb, i, m, q, cols
+    if num == 0 or rows == 0 or positions == 0:
+        # Empty sums (no channels in the window, or no positions): images get 0, outputs their bias.
+        if want_im:
+            im_out[:] = 0
+        if want_out:
+            for i in range(out.shape[0]):
+                out[i] = bias[(i // positions) % out_channels] if want_bias else 0
+        return
     cdef int g, tid
     cdef real* col
     cdef real* yt

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import common
 from .._kernels import im2col as _k
+from ..net.blob import count as _count
 
 COL_CHUNK_BYTES = 4 << 20     # column buffer per chunk: about an L2/L3-sized working set
 GATHER_MAX_ENTRIES = 1 << 22  # 2-D im2col gathers through index tables up to 16 MB (else the row loops)
@@ -30,13 +31,6 @@ def _convgemm():
         common.single_threaded_kernel_blas()
         _kernel.append(convgemm)
     return _kernel[0]
-
-
-def _count(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _flat(array, dtype, writable=False):

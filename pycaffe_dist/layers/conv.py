@@ -44,6 +44,15 @@ def parse_conv_geometry(layer, cp, num_spatial_axes):
     return kernel, stride, pad, dilation
 
 
+def setup_geometry(layer, cp, shape):
+    """The layer's channel axis, spatial axis count, kernel/stride/pad/dilation and force_nd_im2col, for a bottom
+    of `shape` (Convolution, Deconvolution and Im2col read them alike)."""
+    layer.force_nd_im2col = cp.force_nd_im2col
+    layer.channel_axis = checked_axis(layer, cp.axis, len(shape))
+    layer.num_spatial_axes = len(shape) - layer.channel_axis - 1
+    layer.kernel, layer.stride, layer.pad, layer.dilation = parse_conv_geometry(layer, cp, layer.num_spatial_axes)
+
+
 def conv_out_dim(size, kernel, stride, pad, dilation):
     """ConvolutionLayer::compute_output_shape (and Im2colLayer::Reshape), with C's truncating division."""
     return c_div(size + 2 * pad - (dilation * (kernel - 1) + 1), stride) + 1
@@ -65,13 +74,8 @@ class _BaseConvolution(Layer):
 
     def layer_setup(self, bottom, top):
         cp = self.param.convolution_param
-        self.force_nd_im2col = cp.force_nd_im2col
         shape = bottom[0].shape
-        self.channel_axis = checked_axis(self, cp.axis, len(shape))
-        self.num_spatial_axes = len(shape) - self.channel_axis - 1
-        self.kernel, self.stride, self.pad, self.dilation = parse_conv_geometry(self, cp, self.num_spatial_axes)
-        # Caffe skips im2col for 1x1 kernels with stride 1 and no padding (is_1x1_).
-        self.is_1x1 = all(k == 1 and s == 1 and p == 0 for k, s, p in zip(self.kernel, self.stride, self.pad))
+        setup_geometry(self, cp, shape)
         self.channels = shape[self.channel_axis]
         self.num_output = cp.num_output
         self.check(self.num_output > 0, "num_output must be positive")
@@ -192,13 +196,10 @@ class Im2colLayer(Layer):
     exact_num_top = 1
 
     def layer_setup(self, bottom, top):
-        cp = self.param.convolution_param
-        self.force_nd_im2col = cp.force_nd_im2col
         shape = bottom[0].shape
-        self.channel_axis = checked_axis(self, cp.axis, len(shape))
-        self.num_spatial_axes = len(shape) - self.channel_axis - 1
-        self.check(self.num_spatial_axes >= 1, "Im2col needs at least one spatial axis after the channel axis")
-        self.kernel, self.stride, self.pad, self.dilation = parse_conv_geometry(self, cp, self.num_spatial_axes)
+        self.check(len(shape) - checked_axis(self, self.param.convolution_param.axis, len(shape)) >= 2,
+                   "Im2col needs at least one spatial axis after the channel axis")
+        setup_geometry(self, self.param.convolution_param, shape)
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape

@@ -130,3 +130,12 @@ def test_float32_and_float64_give_the_same_numbers():
     l32.forward(b32, t32)
     assert t32[0].data.dtype == np.float32
     np.testing.assert_allclose(t32[0].data, t64[0].data, rtol=1e-4, atol=1e-5)
+
+
+def test_an_empty_batch_runs_forward_and_backward():
+    gc = GradientChecker()
+    layer, bottom, top = gc.make(layer_param(conv_text(extra="kernel_size: 3")), [np.zeros((0, 2, 5, 5))])
+    layer.forward(bottom, top)
+    assert top[0].shape == (0, 4, 3, 3)
+    layer.backward(top, [True], bottom)
+    np.testing.assert_array_equal(layer.blobs[0].diff, 0)
