@@ -141,7 +141,7 @@ class _BaseConvolution(Layer):
             if self.reverse_dimensions:
                 self.engine.output_to_image(w, x, ims_out=y)
                 if self.bias_term:
-                    y.reshape(self.num, c_out, -1)[...] += self._bias()[:, None]
+                    y.reshape(self.num, c_out, count(self.output_spatial))[...] += self._bias()[:, None]
             else:
                 self.engine.image_to_output(w, x, out=y, bias=self._bias())
 
@@ -153,7 +153,7 @@ class _BaseConvolution(Layer):
         for i, (t, b) in enumerate(zip(top, bottom)):
             dy = self._images(t.diff, c_out)
             if want_b:
-                self.blobs[1].diff[...] += dy.reshape(self.num, c_out, -1).sum(axis=(0, 2))
+                self.blobs[1].diff[...] += dy.reshape(self.num, c_out, count(self.output_spatial)).sum(axis=(0, 2))
             dx = self._images(b.diff, c_in) if propagate_down[i] else None
             if dw is None and dx is None:
                 continue
