@@ -1,7 +1,7 @@
 """Process-wide state, as Caffe's `Caffe` singleton holds it: mode (CPU/GPU), device and the random stream."""
 import numpy as np
 
-_state = {"mode": "cpu", "device": 0, "rng": np.random.default_rng()}
+_state = {"mode": "cpu", "device": 0, "rng": np.random.default_rng(), "data_shard": (0, 1)}
 
 
 def set_mode_cpu():
@@ -31,6 +31,20 @@ def set_random_seed(seed):
 
 def rng():
     return _state["rng"]
+
+
+def set_data_shard(index, count):
+    """Make the TRAIN-phase Data layers built from now on read shard `index` of `count`: the records at positions p
+    with p % count == index. Caffe's multi-GPU DataLayer keeps (offset % solver_count) == solver_rank the same way;
+    TEST-phase layers always read every record."""
+    index, count = int(index), int(count)
+    if count < 1 or not 0 <= index < count:
+        raise ValueError("data shard %d of %d: need 0 <= index < count" % (index, count))
+    _state["data_shard"] = (index, count)
+
+
+def data_shard():
+    return _state["data_shard"]
 
 
 def _is_kernel_blas(lib):

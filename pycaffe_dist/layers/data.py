@@ -6,6 +6,9 @@ would abort the same way). Reading batches is pycaffe_dist.data's job.
 """
 import os
 
+import numpy as np
+
+from .. import common
 from ..errors import DataError
 from ..net.filler import fill
 from ..proto import caffe_pb2
@@ -29,18 +32,37 @@ class _SourceLayer(Layer):
                             % (self.name, self.param.type, source))
         return source
 
+    def where(self):
+        return "layer '%s' (%s)" % (self.name, self.param.type)
+
     def backward(self, top, propagate_down, bottom):
         pass
 
 
-class _RecordLayer(_SourceLayer):
-    """Layers whose tops are a batch of records of one shape, (batch,) + record_shape, and optionally labels."""
+class _PrefetchingLayer(_SourceLayer):
+    """Caffe's BasePrefetchingDataLayer: batches of (data, label) made `prefetch` deep by a background thread;
+    tops: data (batch, C, H, W) [, label (batch,)]. `prefetcher.wait_s` is the time forward waited for data."""
+
+    def start_prefetch(self, make_batch, depth):
+        from ..data.prefetch import Prefetcher
+        self.prefetcher = Prefetcher(make_batch, depth, owner=self, name="prefetch-" + self.name)
 
     def reshape(self, bottom, top):
         batch = getattr(self.param, self.param_field).batch_size
         top[0].reshape((batch,) + self.record_shape)
         if len(top) > 1:
             top[1].reshape((batch,))
+
+    def forward(self, bottom, top):
+        data, labels = self.prefetcher.next()
+        top[0].reshape(data.shape)           # records of another size in this batch (Caffe reshapes per batch)
+        top[0].data[...] = data
+        if len(top) > 1:
+            top[1].data[...] = labels
+
+    def shard(self):
+        """(index, count) of the records this layer reads: the process's data shard in TRAIN, all in TEST."""
+        return common.data_shard() if self.phase == caffe_pb2.TRAIN else (0, 1)
 
 
 @register("Input")
@@ -115,33 +137,41 @@ class DummyDataLayer(Layer):
         pass
 
 
-def transformed_shape(transform_param, channels, height, width):
-    """Shape of one record after Caffe's DataTransformer (crop_size squares it)."""
-    crop = transform_param.crop_size
-    return (channels, crop, crop) if crop else (channels, height, width)
-
-
 @register("Data")
-class DataLayer(_RecordLayer):
-    """Records from a database (LMDB, LevelDB or datumfile); tops: data (batch, C, H, W) [, label (batch,)]."""
+class DataLayer(_PrefetchingLayer):
+    """Records from a database (LMDB, LevelDB or datumfile), read in store order with wrap-around; the TRAIN
+    phase reads only this process's shard (common.set_data_shard). rand_skip skips a random number of records
+    in [0, rand_skip) at the start, as Caffe's DataReader did."""
     min_top, max_top = 1, 2
     param_field = "data_param"
 
     def layer_setup(self, bottom, top):
         from ..data import sources
+        from ..data.batches import datum_image, record_batches
+        from ..data.transform import DataTransformer
         p = self.param.data_param
         self.check(p.batch_size > 0, "data_param.batch_size must be positive")
-        source = self.source_path(p.source)
+        path = self.source_path(p.source)
+        transformer = DataTransformer(self.param.transform_param, self.phase, self.where())
         try:
-            datum = sources.first_datum(source, p.backend)
+            datum = sources.first_datum(path, p.backend)
+            record = datum_image(datum, self.param.transform_param, "%s: %s" % (self.where(), path))
         except DataError as exc:
-            raise DataError("layer '%s' (Data): %s" % (self.name, exc)) from None
-        self.record_shape = transformed_shape(self.param.transform_param, datum.channels, datum.height, datum.width)
+            raise DataError("%s: %s" % (self.where(), exc)) from None
+        transformer.check_mean(*record.shape)
+        self.record_shape = transformer.output_shape(*record.shape)
+        skip = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
+        index, count = self.shard()
+        source = sources.open_records(path, p.backend)
+        self.start_prefetch(record_batches(source, p.batch_size, transformer, self.where(), skip, index, count),
+                            p.prefetch)
 
 
 @register("MemoryData")
 class MemoryDataLayer(_SourceLayer):
-    """Batches handed over from Python (net.set_input_arrays); tops data (N, C, H, W) and label (N,)."""
+    """Batches handed over from Python (`net.set_input_arrays(data, labels)`, Caffe's MemoryDataLayer::Reset);
+    tops data (batch, C, H, W) and label (batch,). Each forward takes the next batch_size rows, wrapping around.
+    Like Caffe's Reset path, the arrays are used as given (no transform_param)."""
     exact_num_top = 2
 
     def layer_setup(self, bottom, top):
@@ -149,32 +179,76 @@ class MemoryDataLayer(_SourceLayer):
         self.check(p.batch_size > 0 and p.channels > 0 and p.height > 0 and p.width > 0,
                    "batch_size, channels, height and width must be specified and positive")
         self.shape = (p.batch_size, p.channels, p.height, p.width)
+        self.data = self.labels = None
+        self.pos = 0
+
+    def reset(self, data, labels):
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        labels = np.ascontiguousarray(labels, dtype=np.float32).reshape(-1)
+        batch = self.shape[0]
+        self.check(data.ndim == 4 and data.shape[1:] == self.shape[1:],
+                   "data must have shape (N, %d, %d, %d), got %s" % (self.shape[1:] + (data.shape,)))
+        self.check(len(labels) == len(data), "%d labels for %d images" % (len(labels), len(data)))
+        self.check(len(data) > 0 and len(data) % batch == 0,
+                   "the number of images (%d) must be a positive multiple of batch_size (%d)" % (len(data), batch))
+        self.data, self.labels, self.pos = data, labels, 0
 
     def reshape(self, bottom, top):
         top[0].reshape(self.shape)
         top[1].reshape(self.shape[:1])
 
+    def forward(self, bottom, top):
+        self.check(self.data is not None, "no input arrays: call net.set_input_arrays(data, labels) first")
+        batch = self.shape[0]
+        top[0].data[...] = self.data[self.pos:self.pos + batch]
+        top[1].data[...] = self.labels[self.pos:self.pos + batch]
+        self.pos = (self.pos + batch) % len(self.data)
+
 
 @register("ImageData")
-class ImageDataLayer(_RecordLayer):
-    """Images named in a list file ("path label" per line); shape from the first image."""
+class ImageDataLayer(_PrefetchingLayer):
+    """Images named in a list file ("path label" per line) under root_folder, resized to new_height x new_width
+    if set, shuffled at every pass if `shuffle`. We join root_folder and the name as paths where Caffe
+    concatenates strings (a root_folder without a trailing slash works here and fails in Caffe)."""
     exact_num_top = 2
     param_field = "image_data_param"
 
     def layer_setup(self, bottom, top):
-        from ..data import sources
+        from ..data import images
+        from ..data.batches import image_list_batches
+        from ..data.convert import read_image_list
+        from ..data.transform import DataTransformer
         p = self.param.image_data_param
         self.check(p.HasField("new_height") == p.HasField("new_width") or (not p.new_height and not p.new_width),
                    "current implementation requires new_height and new_width to be set at the same time")
+        self.check(p.batch_size > 0, "image_data_param.batch_size must be positive")
         listing = self.source_path(p.source)
-        channels, height, width = sources.first_image_shape(listing, p.root_folder, p.is_color,
-                                                            p.new_height, p.new_width)
-        self.record_shape = transformed_shape(self.param.transform_param, channels, height, width)
+        entries = [(name, label) for _, name, label in read_image_list(listing)]
+        if not entries:
+            raise DataError("%s: the image list %s is empty" % (self.where(), listing))
+        index, count = self.shard()
+        entries = entries[index::count]
+        if not entries:
+            raise DataError("%s: shard %d of %d of %s holds no images" % (self.where(), index, count, listing))
+        transformer = DataTransformer(self.param.transform_param, self.phase, self.where())
+        rng = np.random.default_rng(self.rng.integers(2 ** 63))
+        first = os.path.join(p.root_folder, entries[0][0])
+        try:
+            shape = images.load_image(first, p.is_color, p.new_height, p.new_width).shape
+        except DataError as exc:
+            raise DataError("%s: %s" % (self.where(), exc)) from None
+        transformer.check_mean(*shape)
+        self.record_shape = transformer.output_shape(*shape)
+        skip = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
+        # Caffe's BasePrefetchingDataLayer takes its depth from data_param.prefetch for every prefetching layer.
+        self.start_prefetch(image_list_batches(entries, p, transformer, rng, self.where(), skip),
+                            self.param.data_param.prefetch)
 
 
 @register("WindowData")
-class WindowDataLayer(_RecordLayer):
-    """R-CNN style windows from a window file; tops (batch, 3, crop, crop) and label (batch,)."""
+class WindowDataLayer(_SourceLayer):
+    """R-CNN style windows from a window file; tops (batch, 3, crop, crop) and label (batch,). The net builds
+    (shapes are known), but reading windows is not supported: forward says so."""
     exact_num_top = 2
     param_field = "window_data_param"
 
@@ -185,37 +259,119 @@ class WindowDataLayer(_RecordLayer):
         self.check(crop > 0, "crop_size must be set")
         self.record_shape = (3, crop, crop)
 
+    def reshape(self, bottom, top):
+        top[0].reshape((self.param.window_data_param.batch_size,) + self.record_shape)
+        top[1].reshape((self.param.window_data_param.batch_size,))
+
+    def forward(self, bottom, top):
+        raise DataError("%s: reading R-CNN window files is not supported; convert the windows to an image list "
+                        "(ImageData) or a database (Data)" % self.where())
+
 
 @register("HDF5Data")
 class HDF5DataLayer(_SourceLayer):
-    """Datasets named like the tops, from the HDF5 files listed in `source`."""
+    """Datasets named like the tops, from the HDF5 files listed in `source` (Caffe's HDF5DataLayer): each file is
+    loaded whole, batch_size rows per forward, wrapping over rows and then files. With `shuffle` the file order
+    is shuffled once and the rows of each file at each load, as Caffe does. No transform_param (Caffe has none)."""
     min_top = 1
     param_field = "hdf5_data_param"
 
     def layer_setup(self, bottom, top):
         from ..data import sources
         p = self.param.hdf5_data_param
+        self.check(p.batch_size > 0, "hdf5_data_param.batch_size must be positive")
         listing = self.source_path(p.source)
         shapes = sources.hdf5_dataset_shapes(listing, list(self.param.top))
         self.shapes = [(p.batch_size,) + tuple(s[1:]) for s in shapes]
+        with open(listing) as f:
+            self.files = [line.strip() for line in f if line.strip()]
+        self.file_order = np.arange(len(self.files))
+        if p.shuffle:
+            self.file_order = self.rng.permutation(len(self.files))
+        self.file_pos = 0
+        self.load_file(self.file_order[0])
+
+    def load_file(self, index):
+        import h5py
+        path = self.files[index]
+        try:
+            with h5py.File(path, "r") as h5:
+                self.arrays = [np.asarray(h5[name], dtype=np.float32) for name in self.param.top]
+        except (OSError, KeyError) as exc:
+            raise DataError("%s: cannot read datasets %s from %s: %s"
+                            % (self.where(), ", ".join(self.param.top), path, exc)) from None
+        rows = {len(a) for a in self.arrays}
+        if len(rows) != 1 or 0 in rows:
+            raise DataError("%s: %s: the datasets %s must have the same, non-zero number of rows, got %s"
+                            % (self.where(), path, ", ".join(self.param.top), [len(a) for a in self.arrays]))
+        for array, shape in zip(self.arrays, self.shapes):
+            if array.shape[1:] != shape[1:]:
+                raise DataError("%s: %s: dataset rows of shape %s, expected %s as in the first file"
+                                % (self.where(), path, array.shape[1:], shape[1:]))
+        self.rows = np.arange(len(self.arrays[0]))
+        if self.param.hdf5_data_param.shuffle:
+            self.rows = self.rng.permutation(len(self.rows))
+        self.row_pos = 0
 
     def reshape(self, bottom, top):
         for blob, shape in zip(top, self.shapes):
             blob.reshape(shape)
 
+    def forward(self, bottom, top):
+        batch, filled = self.shapes[0][0], 0
+        while filled < batch:
+            take = min(batch - filled, len(self.rows) - self.row_pos)
+            rows = self.rows[self.row_pos:self.row_pos + take]
+            for blob, array in zip(top, self.arrays):
+                blob.data[filled:filled + take] = array[rows]
+            filled += take
+            self.row_pos += take
+            if self.row_pos == len(self.rows):
+                self.next_file()
+
+    def next_file(self):
+        """Caffe's wrap: the next file (the file order reshuffled after the last), rows reshuffled."""
+        shuffle = self.param.hdf5_data_param.shuffle
+        if len(self.files) > 1:
+            self.file_pos += 1
+            if self.file_pos == len(self.files):
+                self.file_pos = 0
+                if shuffle:
+                    self.file_order = self.rng.permutation(len(self.files))
+            self.load_file(self.file_order[self.file_pos])
+        self.row_pos = 0
+        if shuffle:
+            self.rows = self.rng.permutation(len(self.rows))
+
 
 @register("HDF5Output")
 class HDF5OutputLayer(Layer):
-    """Writes its two bottoms (data, label) to hdf5_output_param.file_name at each forward."""
+    """Writes its two bottoms to hdf5_output_param.file_name as datasets "data" and "label" at each forward
+    (Caffe's HDF5OutputLayer; the file is created at setup, and each forward replaces the datasets, where Caffe
+    fails on the second write of the same names)."""
     exact_num_bottom = 2
     exact_num_top = 0
     has_backward = False
 
     def layer_setup(self, bottom, top):
-        self.check(bool(self.param.hdf5_output_param.file_name), "hdf5_output_param.file_name must be set")
+        import h5py
+        path = self.param.hdf5_output_param.file_name
+        self.check(bool(path), "hdf5_output_param.file_name must be set")
+        try:
+            h5py.File(path, "w").close()
+        except OSError as exc:
+            raise DataError("layer '%s' (HDF5Output): cannot create %s: %s" % (self.name, path, exc)) from None
 
     def reshape(self, bottom, top):
         pass
+
+    def forward(self, bottom, top):
+        import h5py
+        with h5py.File(self.param.hdf5_output_param.file_name, "a") as h5:
+            for name, blob in zip(("data", "label"), bottom):
+                if name in h5:
+                    del h5[name]
+                h5.create_dataset(name, data=blob.data)
 
     def backward(self, top, propagate_down, bottom):
         pass

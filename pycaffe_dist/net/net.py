@@ -281,6 +281,12 @@ class Net:
         self.backward_from_to()
         return loss
 
+    def set_input_arrays(self, data, labels):
+        """Hand arrays to the net's first layer, which must be MemoryData (pycaffe's Net.set_input_arrays)."""
+        if not self.layers or self.layers[0].param.type != "MemoryData":
+            raise NetError("set_input_arrays needs a MemoryData layer as the net's first layer")
+        self.layers[0].reset(data, labels)
+
     def clear_param_diffs(self):
         for blob in self.learnable_params:
             blob.diff[...] = 0

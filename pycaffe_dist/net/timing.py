@@ -12,6 +12,8 @@ def time_net(net, iterations=50, progress=None):
     n = len(net.layers)
     forward_ms, backward_ms = np.zeros(n), np.zeros(n)
     initial_loss = net.forward_backward()
+    prefetchers = [layer.prefetcher for layer in net.layers if hasattr(layer, "prefetcher")]
+    waited_before = sum(p.wait_s for p in prefetchers)
     totals = []
     for it in range(iterations):
         start = time.perf_counter()
@@ -27,7 +29,8 @@ def time_net(net, iterations=50, progress=None):
         if progress is not None:
             progress(it + 1, totals[-1])
     scale = 1000.0 / max(1, iterations)
-    return {"initial_loss": initial_loss, "iteration_ms": totals,
+    data_wait_ms = (sum(p.wait_s for p in prefetchers) - waited_before) * scale if prefetchers else None
+    return {"initial_loss": initial_loss, "iteration_ms": totals, "data_wait_ms": data_wait_ms,
             "layers": [(name, layer.param.type, f * scale, b * scale)
                        for name, layer, f, b in zip(net.layer_names, net.layers, forward_ms, backward_ms)]}
 
@@ -46,6 +49,10 @@ def format_timings(result):
               "Average Backward pass: %.4f ms." % backward,
               "Average Forward-Backward: %.4f ms." % (sum(totals) / max(1, len(totals))),
               "Total Time: %.4f ms." % sum(totals)]
+    if result.get("data_wait_ms") is not None:
+        share = 100.0 * result["data_wait_ms"] / max(1e-9, sum(totals) / max(1, len(totals)))
+        lines.append("Average wait for prefetched data: %.4f ms (%.1f%% of forward-backward)."
+                     % (result["data_wait_ms"], share))
     return "\n".join(lines)
 
 

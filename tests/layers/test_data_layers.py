@@ -133,3 +133,136 @@ def test_python_layer_runs_users_class(tmp_path, monkeypatch):
     with pytest.raises(NetError, match="module 'my_layers' has no class 'Nope'"):
         net_from_text('layer { name: "p" type: "Python" python_param { module: "my_layers" layer: "Nope" } }')
     sys.modules.pop("my_layers", None)
+
+
+# --- forward: batches as Caffe's data layers produce them -------------------------------------------------------
+
+def golden_records():
+    records = load_npz(SOLVER_CASE / "records.npz")
+    return records["images"], records["labels"]
+
+
+def test_data_layer_reads_caffe_lmdb_in_order_with_wrap_around(monkeypatch):
+    monkeypatch.chdir(SOLVER_CASE)
+    images, labels = golden_records()
+    net = Net(read_net("net.prototxt"), phase=caffe_pb2.TRAIN)
+    for k in range(10):                                  # 10 batches of 32 over 256 records: wraps once
+        net.forward_from_to()
+        rows = (32 * k + np.arange(32)) % 256
+        np.testing.assert_array_equal(net.blob_by_name("data").data,
+                                      images[rows].astype(np.float32) * np.float32(0.00390625))
+        np.testing.assert_array_equal(net.blob_by_name("label").data, labels[rows])
+
+
+def test_train_data_layer_reads_its_shard_and_test_reads_all(tmp_path):
+    images = np.arange(12 * 4, dtype=np.uint8).reshape(12, 1, 2, 2)
+    write_datumfile(tmp_path / "d.datums", images, np.arange(12))
+    text = """layer { name: "d" type: "Data" top: "data" top: "label"
+                      data_param { source: "%s" batch_size: 4 backend: DATUMFILE } }""" % (tmp_path / "d.datums")
+    seen = []
+    try:
+        for shard in range(3):
+            common.set_data_shard(shard, 3)
+            net = net_from_text(text)
+            got = []
+            for _ in range(2):                           # 2 batches of 4 from a shard of 4 records: wraps once
+                net.forward_from_to()
+                got.append(net.blob_by_name("label").data.copy())
+            assert got[0].tolist() == list(range(shard, 12, 3)) and np.array_equal(got[0], got[1])
+            seen += got[0].tolist()
+            test_net = net_from_text(text, phase=caffe_pb2.TEST)
+            test_net.forward_from_to()
+            assert test_net.blob_by_name("label").data.tolist() == [0, 1, 2, 3]
+    finally:
+        common.set_data_shard(0, 1)
+    assert sorted(seen) == list(range(12))               # disjoint shards that cover every record
+
+
+def test_corrupt_record_raises_at_its_batch_and_truncation_at_setup(tmp_path):
+    images = np.zeros((6, 1, 2, 2), np.uint8)
+    write_datumfile(tmp_path / "d.datums", images, np.arange(6))
+    data = bytearray((tmp_path / "d.datums").read_bytes())
+    record = len(data) // 6
+    data[4 * record + 20:5 * record] = b"\xff" * (record - 20)   # record 4's value is no Datum any more
+    (tmp_path / "d.datums").write_bytes(bytes(data))
+    text = """layer { name: "d" type: "Data" top: "data" top: "label"
+        data_param { source: "%s" batch_size: 3 backend: DATUMFILE } }"""
+    net = net_from_text(text % (tmp_path / "d.datums"))
+    net.forward_from_to()
+    assert net.blob_by_name("label").data.tolist() == [0, 1, 2]
+    with pytest.raises(DataError, match=r"layer 'd' \(Data\): record b'00000004': record is not a Caffe Datum"):
+        net.forward_from_to()
+    (tmp_path / "cut.datums").write_bytes(bytes(data[:-3]))   # the last record loses its tail
+    with pytest.raises(DataError, match=r"cut.datums: record 5 at byte \d+ is truncated"):
+        net_from_text(text % (tmp_path / "cut.datums"))
+
+
+def test_memory_data_serves_batches_in_turn():
+    net = net_from_text('layer { name: "m" type: "MemoryData" top: "data" top: "label" '
+                        'memory_data_param { batch_size: 2 channels: 1 height: 1 width: 3 } }')
+    with pytest.raises(NetError, match="call net.set_input_arrays"):
+        net.forward_from_to()
+    data = np.arange(12, dtype=np.float32).reshape(4, 1, 1, 3)
+    net.set_input_arrays(data, np.array([5, 6, 7, 8], np.float32))
+    for rows in ([0, 1], [2, 3], [0, 1]):
+        net.forward_from_to()
+        np.testing.assert_array_equal(net.blob_by_name("data").data, data[rows])
+        assert net.blob_by_name("label").data.tolist() == [5 + r for r in rows]
+    with pytest.raises(NetError, match=r"number of images \(3\) must be a positive multiple of batch_size \(2\)"):
+        net.set_input_arrays(data[:3], np.zeros(3))
+
+
+def test_image_data_reads_list_resizes_and_labels(tmp_path):
+    from PIL import Image
+    rng = np.random.default_rng(5)
+    pixels = [rng.integers(0, 256, (6, 7, 3), dtype=np.uint8) for _ in range(3)]
+    for i, rgb in enumerate(pixels):
+        Image.fromarray(rgb).save(tmp_path / ("im%d.png" % i))
+    (tmp_path / "list.txt").write_text("".join("im%d.png %d\n" % (i, 10 + i) for i in range(3)))
+    net = net_from_text("""layer { name: "img" type: "ImageData" top: "data" top: "label"
+        image_data_param { source: "%s" root_folder: "%s/" batch_size: 2 } }""" % (tmp_path / "list.txt", tmp_path))
+    assert net.blob_by_name("data").shape == (2, 3, 6, 7)
+    net.forward_from_to()
+    net.forward_from_to()                                  # images 2, 0: wraps around the list
+    assert net.blob_by_name("label").data.tolist() == [12, 10]
+    bgr = pixels[2][:, :, ::-1].transpose(2, 0, 1)          # Caffe's OpenCV path gives BGR planes
+    np.testing.assert_array_equal(net.blob_by_name("data").data[0], bgr)
+    gray = net_from_text("""layer { name: "img" type: "ImageData" top: "data" top: "label"
+        image_data_param { source: "%s" root_folder: "%s/" batch_size: 3 is_color: false new_height: 4
+                           new_width: 5 } }""" % (tmp_path / "list.txt", tmp_path))
+    gray.forward_from_to()
+    assert gray.blob_by_name("data").shape == (3, 1, 4, 5)
+    (tmp_path / "bad.txt").write_text("im0.png 1\nim1.png one\n")
+    with pytest.raises(DataError, match=r"bad.txt:2: the label 'one' is not an integer"):
+        net_from_text("""layer { name: "img" type: "ImageData" top: "data" top: "label"
+            image_data_param { source: "%s" batch_size: 1 } }""" % (tmp_path / "bad.txt"))
+
+
+def test_hdf5_data_batches_wrap_over_rows_and_files(tmp_path):
+    import h5py
+    for i, rows in enumerate((3, 2)):
+        with h5py.File(tmp_path / ("f%d.h5" % i), "w") as h5:
+            h5["data"] = np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 100 * i
+            h5["label"] = np.arange(rows, dtype=np.float32) + 10 * i
+    (tmp_path / "list.txt").write_text("%s\n%s\n" % (tmp_path / "f0.h5", tmp_path / "f1.h5"))
+    net = net_from_text("""layer { name: "h" type: "HDF5Data" top: "data" top: "label"
+        hdf5_data_param { source: "%s" batch_size: 4 } }""" % (tmp_path / "list.txt"))
+    net.forward_from_to()
+    assert net.blob_by_name("label").data.tolist() == [0, 1, 2, 10]
+    np.testing.assert_array_equal(net.blob_by_name("data").data[3], [100, 101])
+    net.forward_from_to()
+    assert net.blob_by_name("label").data.tolist() == [11, 0, 1, 2]
+
+
+def test_hdf5_output_writes_its_bottoms(tmp_path):
+    import h5py
+    net = net_from_text("""
+        layer { name: "i" type: "Input" top: "x" top: "y" input_param { shape { dim: 2 dim: 3 } shape { dim: 2 } } }
+        layer { name: "out" type: "HDF5Output" bottom: "x" bottom: "y" hdf5_output_param { file_name: "%s" } }
+    """ % (tmp_path / "out.h5"))
+    net.blob_by_name("x").data[...] = np.arange(6).reshape(2, 3)
+    net.blob_by_name("y").data[...] = [4, 5]
+    net.forward_from_to()
+    with h5py.File(tmp_path / "out.h5", "r") as h5:
+        np.testing.assert_array_equal(h5["data"][...], np.arange(6).reshape(2, 3))
+        np.testing.assert_array_equal(h5["label"][...], [4, 5])

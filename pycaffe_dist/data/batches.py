@@ -1,0 +1,74 @@
+"""Batch makers for the data layers: read the next `batch_size` records, decode, stack, transform.
+
+Each returns a `make_batch()` closure for the prefetch thread. The closures hold the cursor, the transformer and
+plain values, never the layer, so that a dropped net lets its prefetch thread end.
+"""
+import os
+
+import numpy as np
+
+from ..errors import DataError
+from . import images, sources
+
+
+def _stack(arrays, names, where):
+    """One (N, C, H, W) array; every record of a batch must have the shape of the first (Caffe CHECKs it)."""
+    first = arrays[0].shape
+    for array, name in zip(arrays, names):
+        if array.shape != first:
+            raise DataError("%s: record %s has shape %s but the batch started with %s; records of different sizes "
+                            "need crop_size (or resizing when the database is made)"
+                            % (where, name, "x".join(map(str, array.shape)), "x".join(map(str, first))))
+    return np.stack(arrays)
+
+
+def datum_image(datum, transform_param, where):
+    """A Datum's record as (C, H, W): raw uint8/float, or decoded with force_color/force_gray as Caffe does."""
+    if datum.encoded and (transform_param.force_color or transform_param.force_gray):
+        return images.decode_image(datum.data, bool(transform_param.force_color), where)
+    return images.datum_array(datum, where)
+
+
+def record_batches(source, batch_size, transformer, where, skip=0, shard=0, num_shards=1):
+    """Batches of (data, label) from a RecordSource, read in store order with wrap-around (Caffe's DataLayer)."""
+    cursor = source.cycle(skip, shard, num_shards)
+    transform_param = transformer.param
+
+    def make_batch():
+        arrays, keys = [], []
+        labels = np.empty(batch_size, np.float32)
+        for i in range(batch_size):
+            key, value = next(cursor)
+            record_where = "%s: record %r" % (where, key)
+            datum = sources.parse_datum(value, record_where)
+            arrays.append(datum_image(datum, transform_param, record_where))
+            keys.append(repr(key))
+            labels[i] = datum.label
+        return transformer.transform(_stack(arrays, keys, where)), labels
+    return make_batch
+
+
+def image_list_batches(entries, param, transformer, rng, where, skip=0):
+    """Batches of (data, label) from the (name, label) entries of an image list (Caffe's ImageDataLayer): images
+    read from root_folder, resized if new_height/new_width are set; with `shuffle` the list is shuffled at the
+    start and at every pass."""
+    entries = list(entries)
+    order = rng.permutation(len(entries)) if param.shuffle else np.arange(len(entries))
+    state = {"pos": skip % len(entries), "order": order}
+
+    def make_batch():
+        arrays, names = [], []
+        labels = np.empty(param.batch_size, np.float32)
+        for i in range(param.batch_size):
+            name, label = entries[state["order"][state["pos"]]]
+            path = os.path.join(param.root_folder, name)
+            arrays.append(images.load_image(path, param.is_color, param.new_height, param.new_width))
+            names.append(name)
+            labels[i] = label
+            state["pos"] += 1
+            if state["pos"] == len(entries):
+                state["pos"] = 0
+                if param.shuffle:
+                    state["order"] = rng.permutation(len(entries))
+        return transformer.transform(_stack(arrays, names, where)), labels
+    return make_batch
