@@ -2,6 +2,11 @@
 
 The kernels use OpenMP (prange over images and channels); pycaffe_dist.common.set_num_threads sets its thread
 count together with the BLAS's. PYCAFFE_DIST_KERNELS=a,b limits a build to those modules (tools/build_kernel.sh).
+
+The kernels are compiled for the building machine's CPU (-march=native: AVX2/AVX-512 where it has them), as the
+package is built where it runs. PYCAFFE_DIST_MARCH sets another target, e.g. x86-64-v2 for a wheel that other
+machines install. -ffp-contract=off keeps a * b + c two roundings, as Caffe's x86-64 build computes it, so
+that FMA does not move results away from Caffe's.
 """
 import os
 import pathlib
@@ -12,9 +17,11 @@ from setuptools import Extension, setup
 
 CSRC = pathlib.Path(__file__).parent / "csrc"
 only = {s for s in os.environ.get("PYCAFFE_DIST_KERNELS", "").split(",") if s}
+march = os.environ.get("PYCAFFE_DIST_MARCH", "native")
 extensions = [
     Extension("pycaffe_dist._kernels.%s" % pyx.stem, [str(pyx.relative_to(CSRC.parent))],
-              include_dirs=[np.get_include()], extra_compile_args=["-O3", "-fopenmp"],
+              include_dirs=[np.get_include()],
+              extra_compile_args=["-O3", "-fopenmp", "-march=" + march, "-ffp-contract=off"],
               extra_link_args=["-fopenmp"],
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
     for pyx in sorted(CSRC.glob("*.pyx")) if not only or pyx.stem in only

@@ -13,11 +13,11 @@ deconvolution's top), W is (out_channels, in_channels / group, *kernel), the "ou
 import numpy as np
 
 from .. import common
+from . import blas
 from .._kernels import im2col as _k
 from ..net.blob import count as _count
 
-COL_CHUNK_BYTES = 4 << 20     # column buffer per chunk: about an L2/L3-sized working set
-GATHER_MAX_ENTRIES = 1 << 22  # 2-D im2col gathers through index tables up to 16 MB (else the row loops)
+COL_CHUNK_BYTES = 512 << 10   # column buffer per chunk: about L2-sized, so the GEMM reads what im2col wrote from L2
 
 
 _kernel = []
@@ -25,10 +25,13 @@ _kernel = []
 
 def _convgemm():
     """The kernel, imported on first use: it loads scipy's BLAS, which building a net for its shapes (net-info,
-    upgrade) should not pay for."""
+    upgrade) should not pay for. Its GEMMs go to numpy's BLAS where that can be found (backend/blas.py)."""
     if not _kernel:
         from .._kernels import convgemm
         common.single_threaded_kernel_blas()
+        found = blas.numpy_blas()
+        if found:
+            convgemm.use_blas(found[1], found[2])
         _kernel.append(convgemm)
     return _kernel[0]
 
@@ -53,16 +56,11 @@ class ConvEngine:
         self.group = int(group)
         self.out_channels = int(out_channels)
         self._scratch = {}
-        # The gather table: im2col of the zero-padded image's pixel numbers (exact in float64).
-        self.index = np.empty(0, dtype=np.int32)
+        # 2-D images are unrolled from a zero-padded copy (one per thread, in the scratch buffer).
         spatial = self.im_shape[1:]
-        if len(spatial) == 2 and not self.force_nd and self.rows * self.positions <= GATHER_MAX_ENTRIES:
-            self.padded_shape = (self.im_shape[0],) + tuple(d + 2 * p for d, p in zip(spatial, pad))
-            pixels = np.arange(_count(self.padded_shape), dtype=np.float64)
-            index = np.empty(self.rows * self.positions, dtype=np.float64)
-            _k.im2col(pixels, index, self.padded_shape, tuple(kernel), (0, 0), tuple(stride), tuple(dilation))
-            self.index = index.astype(np.int32)
-        self.padded_count = _count(self.padded_shape) if self.index.size else 0
+        self.padded_count = 0
+        if len(spatial) == 2 and not self.force_nd:
+            self.padded_count = self.im_shape[0] * _count([d + 2 * p for d, p in zip(spatial, pad)])
 
     def _chunk(self, num, itemsize, threads):
         per_image = max(1, self.rows * self.positions * itemsize)
@@ -79,9 +77,12 @@ class ConvEngine:
         if scratch is None or scratch.size < size:
             scratch = self._scratch[dtype] = np.zeros(size, dtype=dtype)
         partials = np.zeros(threads * w.size, dtype=dtype) if dw is not None else np.empty(0, dtype=dtype)
-        _convgemm().run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
-                _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, self.index, num, *self.geometry,
-                self.force_nd, self.group, self.out_channels, chunk, threads)
+        kernel = _convgemm()
+        # Several chunks: our threads take them, each with a one-thread BLAS. One chunk: BLAS may thread inside.
+        with blas.single_threaded(threads > 1 and num > chunk):
+            kernel.run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
+                       _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, num, *self.geometry,
+                       self.force_nd, self.group, self.out_channels, chunk, threads)
         if dw is not None:
             dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
 
