@@ -13,10 +13,12 @@ from .layers.python_layer import UserLayer as Layer
 from .net.blob import Blob
 from .net_spec import NetSpec, layers, params, to_proto
 from .proto import caffe_pb2
-from .pycaffe import TEST, TRAIN, Net
+from .pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, Net, NesterovSolver, RMSPropSolver,
+                      SGDSolver, get_solver)
 
 __version__ = "0.1.0"
 
-__all__ = ["Blob", "DataError", "Layer", "ModelFileError", "Net", "NetError", "NetSpec", "PrototxtError",
-           "PycaffeDistError", "SolverError", "StoreError", "TEST", "TRAIN", "UpgradeError", "caffe_pb2", "io",
-           "layers", "params", "set_device", "set_mode_cpu", "set_mode_gpu", "set_random_seed", "to_proto"]
+__all__ = ["AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "DataError", "Layer", "ModelFileError", "Net",
+           "NesterovSolver", "NetError", "NetSpec", "PrototxtError", "PycaffeDistError", "RMSPropSolver",
+           "SGDSolver", "SolverError", "StoreError", "TEST", "TRAIN", "UpgradeError", "caffe_pb2", "get_solver",
+           "io", "layers", "params", "set_device", "set_mode_cpu", "set_mode_gpu", "set_random_seed", "to_proto"]

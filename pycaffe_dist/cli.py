@@ -1,9 +1,11 @@
 """`dist_caffe`: the command line. Every verb's errors reach the user as one line and a non-zero exit code."""
 import argparse
 import logging
+import os
 import sys
 import time
 
+from .data import commands as data_commands
 from .errors import PycaffeDistError
 
 EXIT_ERROR, EXIT_INTERNAL = 1, 70
@@ -90,6 +92,160 @@ def cmd_time(args):
     return 0
 
 
+SIGNAL_EFFECTS = ("stop", "snapshot", "none")
+
+
+class SignalActions:
+    """Caffe's SignalHandler: SIGINT and SIGHUP become solver actions (stop, snapshot or none), each signal
+    reported once to the solver, which polls after every update and before every test batch. "snapshot"
+    writes a snapshot and trains on, as Caffe does; "stop" ends training after the current iteration (then
+    Solve's snapshot_after_train writes the final snapshot)."""
+
+    def __init__(self, sigint_effect, sighup_effect):
+        import signal
+        self.effects = {signal.SIGINT: sigint_effect, signal.SIGHUP: sighup_effect}
+        self.pending = []
+        for number in self.effects:
+            signal.signal(number, self._handle)
+
+    def _handle(self, number, frame):
+        self.pending.append(self.effects[number])
+
+    def __call__(self):
+        from .solver.solver import NONE
+        while self.pending:
+            effect = self.pending.pop(0)
+            if effect != "none":
+                return effect
+        return NONE
+
+
+def _images_per_iteration(solver):
+    first = next((i for ids in solver.net.top_ids for i in ids), None)
+    shape = solver.net._blob_list[first].shape if first is not None else ()
+    return (shape[0] if shape else 1) * solver.param.iter_size
+
+
+def cmd_train(args):
+    """Caffe's `caffe train`: finetune from --weights or resume from --snapshot; Caffe's log lines on stderr (and
+    in --log); on a terminal, a progress line under them."""
+    from . import common
+    from .io.load import read_solver
+    from .solver import training_log
+    from .solver.solver import Solver
+    if args.snapshot and args.weights:
+        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
+    if args.threads:
+        common.set_num_threads(args.threads)
+    logger = logging.getLogger("pycaffe_dist")
+    terminal = training_log.attach(logger, args.log)
+    actions = SignalActions(args.sigint_effect, args.sighup_effect)
+    param = read_solver(args.solver)
+    param.train_state.level = args.level
+    param.train_state.stage.extend(args.stage)
+    if args.iterations is not None:
+        param.max_iter = args.iterations
+    if args.snapshot or args.weights:
+        param.ClearField("weights")
+    if args.weights:
+        param.weights.append(args.weights)
+    log = logging.getLogger("pycaffe_dist.cli")
+    log.info("Use CPU.")
+    solver = Solver(param)
+    solver.set_action_function(actions)
+    if terminal is not None:
+        solver.iteration_hooks.append(training_log.Progress(terminal, _images_per_iteration(solver), param.max_iter))
+    if args.snapshot:
+        log.info("Resuming from %s", args.snapshot)
+        solver.restore(args.snapshot)
+    log.info("Starting Optimization")
+    try:
+        solver.solve()
+    finally:
+        if terminal is not None:
+            terminal.finish()
+    log.info("Optimization Done.")
+    return 0
+
+
+def cmd_test(args):
+    """Caffe's `caffe test`: score a trained net for --iterations batches; per-batch and mean outputs."""
+    import numpy as np
+    from .pycaffe import TEST, Net
+    from .solver import training_log
+    from .solver.snapshot import load_weights
+    from .solver.solver import output_values
+    training_log.attach(logging.getLogger("pycaffe_dist"))
+    log = logging.getLogger("pycaffe_dist.cli")
+    if args.iterations < 1:
+        raise PycaffeDistError("--iterations must be at least 1, got %d" % args.iterations)
+    log.info("Use CPU.")
+    net = Net(args.model, TEST, level=args.level, stages=args.stage)
+    load_weights(net, args.weights)
+    log.info("Running for %d iterations.", args.iterations)
+    scores, outputs, loss = None, [], np.float32(0)
+    for i in range(args.iterations):
+        loss += np.float32(net.forward_from_to())
+        outputs = list(output_values(net))
+        for _, name, value, _ in outputs:
+            log.info("Batch %d, %s = %g", i, name, value)
+        values = np.array([o[2] for o in outputs], dtype=np.float32)
+        scores = values if scores is None else scores + values
+    log.info("Loss: %g", loss / np.float32(args.iterations))
+    for (_, name, _, weight), total in zip(outputs, scores if scores is not None else []):
+        mean = total / np.float32(args.iterations)
+        note = " (* %g = %g loss)" % (weight, np.float32(weight * mean)) if weight else ""
+        log.info("%s = %g%s", name, mean, note)
+    return 0
+
+
+def cmd_plot(args):
+    """Plot a Caffe-format training log: loss and test outputs against iterations (and seconds)."""
+    from .solver import training_log
+    parsed = training_log.parse_log(args.log)
+    if not parsed["train"] and not parsed["test"]:
+        raise PycaffeDistError("%s: no training loss or test output lines found (is it a Caffe training log?)"
+                               % args.log)
+    out = args.output or training_log.default_plot_path(args.log)
+    training_log.plot_log(parsed, out, title=os.path.basename(args.log))
+    if parsed["train"]:
+        it, _, loss = parsed["train"][-1]
+        print("last train loss: %g (iteration %d)" % (loss, it))
+    for net_id, name in sorted({(t[2], t[3]) for t in parsed["test"]}):
+        it, _, _, _, value = [t for t in parsed["test"] if (t[2], t[3]) == (net_id, name)][-1]
+        print("last test #%d %s: %g (iteration %d)" % (net_id, name, value, it))
+    print("wrote %s" % out)
+    return 0
+
+
+def cmd_device_query(args):
+    """The machine this build computes on: the CPU, its threads and BLAS; there is no GPU backend."""
+    import platform
+    from threadpoolctl import threadpool_info
+    from . import common
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
+    except OSError:
+        pass
+    print("Device: CPU")
+    print("CPU: %s" % model)
+    print("Logical cores: %d" % (os.cpu_count() or 1))
+    print("Threads used (--threads): %d" % common.num_threads())
+    for lib in threadpool_info():
+        print("%s: %s %s, %d threads (%s)" % (lib["user_api"].upper(), lib["internal_api"], lib.get("version") or "",
+                                              lib["num_threads"], lib["filepath"]))
+    print("GPU: none (no GPU backend in this build; solver_mode GPU runs on the CPU)")
+    return 0
+
+
+def _signal_effect(value):
+    if value not in SIGNAL_EFFECTS:
+        raise argparse.ArgumentTypeError("invalid signal effect %r: use stop, snapshot or none" % value)
+    return value
+
+
 def _nested_nets(solver):
     nets = [solver.net_param] if solver.HasField("net_param") else []
     nets += [solver.train_net_param] if solver.HasField("train_net_param") else []
@@ -123,11 +279,44 @@ def build_parser():
     p.add_argument("--plot", help="also draw the per-layer times into this PNG")
     p.set_defaults(func=cmd_time)
 
+    p = verbs.add_parser("train", help="train a net with a solver (caffe train)")
+    p.add_argument("--solver", required=True, help="solver prototxt")
+    p.add_argument("--snapshot", help=".solverstate (or .solverstate.h5) to resume from")
+    p.add_argument("--weights", help="pretrained .caffemodel(s) to finetune from, comma-separated")
+    p.add_argument("--iterations", type=int, help="train to this iteration (overrides the solver's max_iter)")
+    p.add_argument("--level", type=int, default=0, help="train_state level")
+    p.add_argument("--stage", action="append", default=[], help="a train_state stage (repeatable)")
+    p.add_argument("--threads", type=int, help="CPU threads (BLAS and kernels); default: all cores")
+    p.add_argument("--sigint_effect", type=_signal_effect, default="stop",
+                   help="on SIGINT (Ctrl-C): stop (default; snapshot_after_train still snapshots), snapshot "
+                        "(and train on) or none")
+    p.add_argument("--sighup_effect", type=_signal_effect, default="snapshot",
+                   help="on SIGHUP: snapshot (default), stop or none")
+    p.add_argument("--log", help="also write the log lines to this file")
+    p.set_defaults(func=cmd_train)
+
+    p = verbs.add_parser("test", help="score a trained net on its TEST phase (caffe test)")
+    p.add_argument("--model", required=True, help="net prototxt")
+    p.add_argument("--weights", required=True, help=".caffemodel (or .caffemodel.h5)")
+    p.add_argument("--iterations", type=int, default=50, help="batches to score (default 50)")
+    p.add_argument("--level", type=int, default=0)
+    p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
+    p.set_defaults(func=cmd_test)
+
+    p = verbs.add_parser("plot", help="plot loss and test accuracy of a Caffe-format training log")
+    p.add_argument("log", help="training log (ours, or Caffe's)")
+    p.add_argument("-o", "--output", help="PNG to write (default: the log's name with .png)")
+    p.set_defaults(func=cmd_plot)
+
+    p = verbs.add_parser("device-query", help="show the device this build computes on")
+    p.set_defaults(func=cmd_device_query)
+
     p = verbs.add_parser("upgrade", help="upgrade a V0/V1 net (text or .caffemodel) or a legacy solver")
     p.add_argument("--solver", action="store_true", help="the input is a solver prototxt")
     p.add_argument("input")
     p.add_argument("output")
     p.set_defaults(func=cmd_upgrade)
+    data_commands.add_verbs(verbs)
     return parser
 
 

@@ -1,6 +1,7 @@
 """The pycaffe interface (python/caffe/pycaffe.py and _caffe.cpp): `Net(prototxt, [weights], phase)`, blobs and
-params as ordered dicts, forward/backward with keyword inputs, copy_from/save. A user's pycaffe script runs after
-`import pycaffe_dist as caffe`.
+params as ordered dicts, forward/backward with keyword inputs, copy_from/save; `get_solver(path)` and
+SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver. A user's pycaffe script
+runs after `import pycaffe_dist as caffe`.
 """
 import collections
 import os
@@ -12,6 +13,7 @@ from .io.binaryproto import read_net_binary, write_binary
 from .io.load import read_net
 from .net.net import Net as _GraphNet
 from .proto import caffe_pb2
+from .solver.solver import Solver
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
 
@@ -45,6 +47,13 @@ class Net(_GraphNet):
         super().__init__(_net_param(network_file), phase=phase, level=level, stages=stages or ())
         if weights is not None:
             self.copy_from(weights)
+
+    @classmethod
+    def from_state(cls, param, state):
+        """A net built for a full NetState (phase, level, stages), as the Solver builds its nets."""
+        net = cls.__new__(cls)
+        _GraphNet.__init__(net, param, state=state)
+        return net
 
     # --- pycaffe's dictionaries ---------------------------------------------------------------------------
 
@@ -176,3 +185,39 @@ class Net(_GraphNet):
                                    % (j, name, blob.shape, layer.blobs[j].shape))
                 layer.blobs[j] = blob
         self._refresh_param_lists()
+
+
+# --- solvers ------------------------------------------------------------------------------------------------
+
+def get_solver(filename):
+    """A solver of the type the file names (`type`, default SGD), as caffe.get_solver."""
+    return Solver(os.fsdecode(filename))
+
+
+class SGDSolver(Solver):
+    """A solver of this class's type whatever the file's `type` says, as pycaffe's SGDSolver(filename) etc."""
+    solver_type = "SGD"
+
+    def __init__(self, filename):
+        super().__init__(filename if isinstance(filename, caffe_pb2.SolverParameter) else os.fsdecode(filename),
+                         solver_type=self.solver_type)
+
+
+class NesterovSolver(SGDSolver):
+    solver_type = "Nesterov"
+
+
+class AdaGradSolver(SGDSolver):
+    solver_type = "AdaGrad"
+
+
+class RMSPropSolver(SGDSolver):
+    solver_type = "RMSProp"
+
+
+class AdaDeltaSolver(SGDSolver):
+    solver_type = "AdaDelta"
+
+
+class AdamSolver(SGDSolver):
+    solver_type = "Adam"

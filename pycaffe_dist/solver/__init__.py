@@ -1,1 +1,3 @@
-"""Solvers: the training loop, the update rules and the learning-rate policies."""
+"""Solvers: the training loop (solver.py), Caffe's update rules as functions of arrays (updates.py), the
+learning-rate policies (lr_policy.py), snapshot files (snapshot.py) and Caffe-format training logs
+(training_log.py)."""

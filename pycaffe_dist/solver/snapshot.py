@@ -1,0 +1,196 @@
+"""Snapshot files as Caffe writes and reads them: the model (.caffemodel or .caffemodel.h5) and the solver
+state (.solverstate or .solverstate.h5).
+
+Binary: the model is Net::ToProto (a NetParameter with every layer's blobs), the state a SolverState (iter,
+learned_net, current_step, history blobs). HDF5 (Net::ToHDF5, SGDSolver::SnapshotSolverStateToHDF5): the model
+has data/<layer>/<blob index> (and diff/... with snapshot_diff) for parameters that own themselves, a group per
+layer; the state has the int scalars iter and current_step, the string learned_net and history/<i>.
+
+Loading is stricter than Caffe in one way: a history blob or an HDF5 parameter of the wrong shape is an error
+naming the file (Caffe reshapes binary history blobs silently).
+"""
+import os
+
+import numpy as np
+
+from ..errors import ModelFileError, SolverError
+from ..io.binaryproto import read_binary, read_net_binary, write_binary
+from ..net.blob import Blob
+from ..proto import caffe_pb2
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == HDF5_MAGIC
+    except OSError as exc:
+        raise ModelFileError("%s: cannot read: %s" % (path, exc.strerror)) from None
+
+
+# --- models ---------------------------------------------------------------------------------------------------
+
+def write_model(net, path, hdf5=False, write_diff=False):
+    if hdf5:
+        _write_model_hdf5(net, path, write_diff)
+    else:
+        write_binary(path, net.to_proto(write_diff))
+
+
+def _write_model_hdf5(net, path, write_diff):
+    import h5py
+    with h5py.File(path, "w") as f:
+        groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff else [])
+        for layer_id, (name, layer) in enumerate(zip(net.layer_names, net.layers)):
+            # A layer name may hold '/': h5py then nests groups, and reading walks the same path.
+            layer_groups = [g.require_group(name) for g in groups]
+            for j, blob in enumerate(layer.blobs):
+                if net.param_owner[_net_param_id(net, layer_id, j)] >= 0:
+                    continue    # shared: only the owner is saved
+                layer_groups[0].create_dataset(str(j), data=blob.data)
+                if write_diff:
+                    layer_groups[1].create_dataset(str(j), data=blob.diff)
+
+
+def _net_param_id(net, layer_id, blob_id):
+    return net.param_layer_index.index((layer_id, blob_id))
+
+
+def load_weights(net, path):
+    """Caffe's Net::CopyTrainedLayersFrom(file): binary (any format version) or HDF5, by content."""
+    path = os.fsdecode(path)
+    if is_hdf5(path):
+        _load_weights_hdf5(net, path)
+    else:
+        net.copy_trained_layers_from(read_net_binary(path), path)
+
+
+def _load_weights_hdf5(net, path):
+    import h5py
+    index = {name: i for i, name in enumerate(net.layer_names)}
+    with h5py.File(path, "r") as f:
+        if "data" not in f:
+            raise ModelFileError("%s: is not a Caffe HDF5 model: it has no 'data' group" % path)
+        for name in _layer_groups(f["data"]):
+            layer_id = index.get(name)
+            if layer_id is None:
+                continue
+            group, target = f["data"][name], net.layers[layer_id].blobs
+            if len(group) > len(target):
+                raise ModelFileError("%s: incompatible number of blobs for layer '%s': the file has %d, the net %d"
+                                     % (path, name, len(group), len(target)))
+            for j, blob in enumerate(target):
+                if str(j) not in group:
+                    if net.param_owner[_net_param_id(net, layer_id, j)] >= 0:
+                        continue    # shared in the net: its owner brings the values
+                    raise ModelFileError("%s: incompatible number of blobs for layer '%s': blob %d is missing"
+                                         % (path, name, j))
+                array = group[str(j)][()]
+                if tuple(array.shape) != blob.shape:
+                    raise ModelFileError("%s: cannot load blob %d of layer '%s': shape mismatch. Source shape is "
+                                         "%s; target shape is %s" % (path, j, name, array.shape, blob.shape))
+                blob.data[...] = array
+
+
+def _layer_groups(group, prefix=""):
+    """Names of the groups holding datasets (layer names, with '/' where h5py nested them)."""
+    import h5py
+    names = []
+    for key, item in group.items():
+        if isinstance(item, h5py.Group):
+            full = prefix + key
+            if not len(item) or any(isinstance(v, h5py.Dataset) for v in item.values()):
+                names.append(full)
+            names.extend(_layer_groups(item, full + "/"))
+    return names
+
+
+# --- solver states ----------------------------------------------------------------------------------------
+
+def write_state(path, iteration, learned_net, current_step, history, hdf5=False):
+    if hdf5:
+        _write_state_hdf5(path, iteration, learned_net, current_step, history)
+        return
+    state = caffe_pb2.SolverState()
+    state.iter = iteration
+    state.learned_net = learned_net
+    state.current_step = current_step
+    for array in history:
+        blob = Blob(array.shape)
+        blob.data[...] = array
+        blob.to_proto(proto=state.history.add())
+    write_binary(path, state)
+
+
+def _write_state_hdf5(path, iteration, learned_net, current_step, history):
+    import h5py
+    with h5py.File(path, "w") as f:
+        f.create_dataset("iter", data=np.int32(iteration))
+        # H5LTmake_dataset_string: a scalar, fixed-length, NUL-terminated C string.
+        raw = learned_net.encode() + b"\0"
+        string_type = h5py.h5t.C_S1.copy()
+        string_type.set_size(len(raw))
+        string_type.set_strpad(h5py.h5t.STR_NULLTERM)
+        space = h5py.h5s.create(h5py.h5s.SCALAR)
+        h5py.h5d.create(f.id, b"learned_net", string_type, space).write(space, space, np.array(raw, dtype="S"))
+        f.create_dataset("current_step", data=np.int32(current_step))
+        group = f.create_group("history")
+        for i, array in enumerate(history):
+            group.create_dataset(str(i), data=np.asarray(array, dtype=np.float32))
+
+
+def read_state(path):
+    """A solver state as a dict: iter, learned_net (None if absent), current_step, history (float32 arrays)."""
+    path = os.fsdecode(path)
+    if path.endswith(".h5"):
+        return _read_state_hdf5(path)
+    state = read_binary(path, caffe_pb2.SolverState())
+    history = []
+    for i, proto in enumerate(state.history):
+        try:
+            history.append(Blob.from_proto_new(proto, what="history blob %d" % i).data)
+        except Exception as exc:
+            raise ModelFileError("%s: %s" % (path, exc)) from None
+    return {"iter": state.iter, "learned_net": state.learned_net if state.HasField("learned_net") else None,
+            "current_step": state.current_step, "history": history}
+
+
+def _read_state_hdf5(path):
+    import h5py
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise ModelFileError("%s: cannot open as HDF5: %s" % (path, exc)) from None
+    with f:
+        for key in ("iter", "current_step", "history"):
+            if key not in f:
+                raise ModelFileError("%s: is not a Caffe HDF5 solver state: it has no '%s'" % (path, key))
+        learned = f["learned_net"][()] if "learned_net" in f else None
+        if isinstance(learned, bytes):
+            learned = learned.rstrip(b"\0").decode()
+        count = len(f["history"])
+        missing = [str(i) for i in range(count) if str(i) not in f["history"]]
+        if missing:
+            raise ModelFileError("%s: history datasets must be named 0..%d; %s is missing"
+                                 % (path, count - 1, missing[0]))
+        history = [np.asarray(f["history"][str(i)][()], dtype=np.float32) for i in range(count)]
+        return {"iter": int(f["iter"][()]), "learned_net": learned, "current_step": int(f["current_step"][()]),
+                "history": history}
+
+
+def check_history(path, history, expected_shapes):
+    """Caffe's CHECK_EQ on the number of history blobs, and (ours) their shapes; returns the arrays in the
+    parameters' shapes. Old states describe blobs as num/channels/height/width: leading 1s are dropped."""
+    if len(history) != len(expected_shapes):
+        raise SolverError("%s: incorrect length of history blobs: the state has %d, this solver needs %d"
+                          % (path, len(history), len(expected_shapes)))
+    out = []
+    for i, (array, shape) in enumerate(zip(history, expected_shapes)):
+        shape = tuple(shape)
+        legacy = len(array.shape) == 4 and len(shape) <= 4 and array.shape == (1,) * (4 - len(shape)) + shape
+        if tuple(array.shape) != shape and not legacy:
+            raise SolverError("%s: history blob %d has shape %s, the parameter has %s"
+                              % (path, i, tuple(array.shape), shape))
+        out.append(array.reshape(shape))
+    return out

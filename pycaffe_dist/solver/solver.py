@@ -1,0 +1,443 @@
+"""The Solver: Caffe's training loop (src/caffe/solver.cpp and SGDSolver's ApplyUpdate), with its log lines.
+
+A Solver builds the train net and the test nets from a SolverParameter (net / net_param / train_net /
+train_net_param, test_net / test_net_param or instances of the generic net, NetStates merged as Caffe does),
+then `step(n)` runs iterations: clear the parameter diffs, test when due, iter_size forward/backward passes,
+smoothed loss and display, callbacks, the update (solver.updates: one implementation of each rule), and a
+snapshot when due or requested. `solve()` runs to max_iter with Caffe's final snapshot, forward and test.
+
+Log lines are Caffe's own text (logger "pycaffe_dist.solver", INFO), so Caffe's log tools parse them.
+
+Deliberate differences from Caffe:
+- restore() also puts the data where an uninterrupted run would have it: the Data, ImageData and HDF5Data layers
+  of the train net (iter * iter_size batches) and of the test nets (test_iter batches per test pass so far) are
+  run forward until they are there, so that a resumed run continues exactly. Caffe restarts them at their first
+  record. Random streams (dropout, shuffling) are not part of the state, in Caffe or here.
+- A learned_net path in a solver state that does not exist relative to the working directory is also looked
+  for beside the state file (Caffe only tries the former).
+- iter_size < 1 is an error (Caffe would divide by zero).
+- solver_mode GPU is accepted, with a warning: this build computes on the CPU.
+"""
+import logging
+import os
+import time
+
+import numpy as np
+from google.protobuf import text_format
+
+from .. import common
+from ..errors import SolverError
+from ..io.load import read_net, read_solver
+from ..proto import caffe_pb2
+from . import snapshot as snapshots
+from . import updates
+from .lr_policy import learning_rate
+
+log = logging.getLogger("pycaffe_dist.solver")
+f32 = np.float32
+
+# What an action function (set_action_function) may ask for, once per call: Caffe's SolverAction.
+NONE, SNAPSHOT, STOP = "none", "snapshot", "stop"
+DATA_SOURCE_TYPES = ("Data", "ImageData", "HDF5Data")
+_warned = set()
+
+
+def _warn_once(message):
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def _fmt(x):
+    """A number as C++'s ostream prints a float (6 significant digits)."""
+    return "%g" % x
+
+
+class Solver:
+    """Solver(param or solver prototxt path[, solver_type]). solver_type (pycaffe's SGDSolver, AdamSolver, ...)
+    overrides the file's `type`."""
+
+    def __init__(self, param, solver_type=None):
+        if isinstance(param, caffe_pb2.SolverParameter):
+            self.source = "solver"
+            copy = caffe_pb2.SolverParameter()
+            copy.CopyFrom(param)
+            param = copy
+        else:
+            self.source = os.fsdecode(param)
+            param = read_solver(self.source)
+        if solver_type is not None:
+            param.type = solver_type
+        self.param = param
+        log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(param).rstrip("\n"))
+        updates.check_solver(param, self.source)
+        # GPU is the field's default: only an explicit solver_mode asks for it (as in Caffe's train command).
+        if param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU:
+            _warn_once("GPU mode requested but this build runs on the CPU")
+        self._check_snapshot_prefix()
+        if param.random_seed >= 0:
+            common.set_random_seed(param.random_seed)
+        self.net = self._init_train_net()
+        self.test_nets = self._init_test_nets()
+        log.info("Solver scaffolding done.")
+        self.iter = 0
+        self.current_step = 0
+        self.history = updates.new_history(param, [b.shape for b in self.net.learnable_params])
+        self.callbacks = []                 # (on_start, on_gradients) pairs, as pycaffe's add_callback
+        self.iteration_hooks = []           # f(solver) after each update: progress displays, workers
+        self.action_function = None
+        self.requested_early_exit = False
+        self.rate = None                    # the learning rate of the last update
+        self.smoothed_loss = f32(0)
+        self.test_scores = [[] for _ in self.test_nets]   # last test of each net: [(output name, mean)]
+        self._losses = []
+        self._forwards = {"train": 0, "test": [0] * len(self.test_nets)}
+
+    # --- nets ---------------------------------------------------------------------------------------------
+
+    def _build_net(self, net_param, state):
+        from ..pycaffe import Net
+        net = Net.from_state(net_param, state)
+        for entry in self.param.weights:
+            for path in entry.split(","):
+                path = path.strip()
+                log.info("Finetuning from %s", path)
+                snapshots.load_weights(net, path)
+        return net
+
+    def _init_train_net(self):
+        p = self.param
+        fields = [f for f in ("net", "net_param", "train_net", "train_net_param") if p.HasField(f)]
+        if len(fields) != 1:
+            raise SolverError("%s: SolverParameter must specify %s train net using one of these fields: net, "
+                              "net_param, train_net, train_net_param (it has %s)"
+                              % (self.source, "a" if not fields else "exactly one", ", ".join(fields) or "none"))
+        field = fields[0]
+        if field == "train_net_param":
+            log.info("Creating training net specified in train_net_param.")
+            net_param = caffe_pb2.NetParameter()
+            net_param.CopyFrom(p.train_net_param)
+        elif field == "train_net":
+            log.info("Creating training net from train_net file: %s", p.train_net)
+            net_param = read_net(p.train_net)
+        elif field == "net_param":
+            log.info("Creating training net specified in net_param.")
+            net_param = caffe_pb2.NetParameter()
+            net_param.CopyFrom(p.net_param)
+        else:
+            log.info("Creating training net from net file: %s", p.net)
+            net_param = read_net(p.net)
+        # Solver default (TRAIN), then the net's own state, then train_state: the later wins.
+        state = caffe_pb2.NetState(phase=caffe_pb2.TRAIN)
+        state.MergeFrom(net_param.state)
+        state.MergeFrom(p.train_state)
+        return self._build_net(net_param, state)
+
+    def _init_test_nets(self):
+        p = self.param
+        has_net_param, has_net = p.HasField("net_param"), p.HasField("net")
+        if has_net_param and has_net:
+            raise SolverError("%s: both net_param and net may not be specified" % self.source)
+        listed = len(p.test_net_param) + len(p.test_net)
+        if (has_net_param or has_net) and len(p.test_iter) < listed or \
+                not (has_net_param or has_net) and len(p.test_iter) != listed:
+            raise SolverError("%s: test_iter must be specified for each test network (%d test_iter for %d test "
+                              "nets)" % (self.source, len(p.test_iter), listed))
+        instances = listed + (len(p.test_iter) - listed)
+        if len(p.test_state) and len(p.test_state) != instances:
+            raise SolverError("%s: test_state must be unspecified or specified once per test net (%d test_state "
+                              "for %d test nets)" % (self.source, len(p.test_state), instances))
+        if instances and p.test_interval <= 0:
+            raise SolverError("%s: test_interval must be positive when there are test nets (got %d)"
+                              % (self.source, p.test_interval))
+        sources = []
+        for net_param in p.test_net_param:
+            copy = caffe_pb2.NetParameter()
+            copy.CopyFrom(net_param)
+            sources.append(("test_net_param", copy))
+        for path in p.test_net:
+            sources.append(("test_net file: " + path, read_net(path)))
+        for _ in range(len(p.test_iter) - listed):
+            if has_net_param:
+                copy = caffe_pb2.NetParameter()
+                copy.CopyFrom(p.net_param)
+                sources.append(("net_param", copy))
+            elif has_net:
+                sources.append(("net file: " + p.net, read_net(p.net)))
+        nets = []
+        for i, (what, net_param) in enumerate(sources):
+            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
+            state.MergeFrom(net_param.state)
+            if len(p.test_state):
+                state.MergeFrom(p.test_state[i])
+            log.info("Creating test net (#%d) specified by %s", i, what)
+            nets.append(self._build_net(net_param, state))
+        return nets
+
+    # --- pycaffe's interface --------------------------------------------------------------------------------
+
+    @property
+    def max_iter(self):
+        return self.param.max_iter
+
+    @property
+    def type(self):
+        return self.param.type
+
+    @property
+    def lr(self):
+        """The learning rate the next update will use."""
+        return float(learning_rate(self.param, self.iter, self.current_step, self.source)[0])
+
+    def add_callback(self, on_start, on_gradients):
+        """Call on_start() before each iteration's forward passes and on_gradients() before its update."""
+        self.callbacks.append((on_start, on_gradients))
+
+    def set_action_function(self, function):
+        """function() -> NONE, SNAPSHOT or STOP, polled after each update and before each test batch; it must
+        return each request once (Caffe's SignalHandler resets its flag when read)."""
+        self.action_function = function
+
+    def share_weights(self, net):
+        """Make `net` use the train net's parameters (pycaffe's share_weights)."""
+        net.share_with(self.net)
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+
+    def _requested_action(self):
+        return self.action_function() if self.action_function is not None else NONE
+
+    def _update_smoothed_loss(self, loss, start_iter):
+        average = self.param.average_loss
+        if len(self._losses) < average:
+            self._losses.append(loss)
+            size = len(self._losses)
+            self.smoothed_loss = f32((self.smoothed_loss * f32(size - 1) + loss) / f32(size))
+        else:
+            idx = (self.iter - start_iter) % average
+            self.smoothed_loss = f32(self.smoothed_loss + (loss - self._losses[idx]) / f32(average))
+            self._losses[idx] = loss
+
+    def step(self, iters):
+        p = self.param
+        start_iter, stop_iter = self.iter, self.iter + int(iters)
+        self._losses = []
+        self.smoothed_loss = f32(0)
+        timer, iterations_last = time.perf_counter(), self.iter
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
+                self.test_all()
+                if self.requested_early_exit:
+                    break
+            for on_start, _ in self.callbacks:
+                on_start()
+            display = p.display and self.iter % p.display == 0
+            loss = f32(0)
+            for _ in range(p.iter_size):
+                loss += f32(self.net.forward_backward())
+            self._forwards["train"] += p.iter_size
+            loss /= f32(p.iter_size)
+            self._update_smoothed_loss(loss, start_iter)
+            if display:
+                lapse = time.perf_counter() - timer
+                per_s = (self.iter - iterations_last) / (lapse or 1)
+                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _fmt(per_s), _fmt(lapse),
+                         p.display, _fmt(self.smoothed_loss))
+                timer, iterations_last = time.perf_counter(), self.iter
+                for index, name, value, weight in output_values(self.net):
+                    log.info("    Train net output #%d: %s = %s%s", index, name, _fmt(value), _loss_note(weight, value))
+            for _, on_gradients in self.callbacks:
+                on_gradients()
+            self.apply_update()
+            for hook in self.iteration_hooks:
+                hook(self)
+            request = self._requested_action()
+            if (p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT:
+                self.snapshot()
+            if request == STOP:
+                self.requested_early_exit = True
+                break
+
+    def apply_update(self):
+        """SGDSolver::ApplyUpdate: rate, clipping, normalize, regularize, the rule's step, w -= step; iter += 1."""
+        p = self.param
+        params = self.net.learnable_params
+        before = self.current_step
+        result = updates.compute_steps(p, [b.data for b in params], [b.diff for b in params], self.net.params_lr,
+                                       self.net.params_weight_decay, self.history, self.iter, self.current_step,
+                                       self.source)
+        self.rate, self.current_step = result["rate"], result["current_step"]
+        if p.lr_policy == "multistep" and self.current_step != before:
+            log.info("MultiStep Status: Iteration %d, step = %d", self.iter, self.current_step)
+        if p.display and self.iter % p.display == 0:
+            log.info("Iteration %d, lr = %s", self.iter, _fmt(self.rate))
+        if result["clip_scale"] is not None:
+            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                     _fmt(result["clip_norm"]), _fmt(f32(p.clip_gradients)), _fmt(result["clip_scale"]))
+        updates.apply_steps([b.data for b in params], [b.diff for b in params])
+        self.iter += 1
+
+    def solve(self, resume_file=None):
+        p = self.param
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", p.lr_policy)
+        self.requested_early_exit = False
+        if resume_file:
+            log.info("Restoring previous solver status from %s", resume_file)
+            self.restore(resume_file)
+        start_iter = self.iter
+        self.step(p.max_iter - self.iter)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if self.requested_early_exit:
+            log.info("Optimization stopped early.")
+            return
+        # One more forward, to display the loss of the final weights (Caffe's Solve does it; it uses a batch).
+        if p.display and self.iter % p.display == 0:
+            loss = f32(self.net.forward_from_to())
+            self._forwards["train"] += 1
+            self._update_smoothed_loss(loss, start_iter)
+            log.info("Iteration %d, loss = %s", self.iter, _fmt(self.smoothed_loss))
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    # --- testing ----------------------------------------------------------------------------------------------
+
+    def test_all(self):
+        for i in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                break
+            self.test(i)
+
+    def test(self, test_net_id=0):
+        p = self.param
+        log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
+        net = self.test_nets[test_net_id]
+        net.share_with(self.net)
+        scores, loss = None, f32(0)
+        for _ in range(p.test_iter[test_net_id]):
+            request = self._requested_action()
+            while request != NONE:
+                if request == SNAPSHOT:
+                    self.snapshot()
+                elif request == STOP:
+                    self.requested_early_exit = True
+                request = self._requested_action()
+            if self.requested_early_exit:
+                break
+            iter_loss = f32(net.forward_from_to())
+            self._forwards["test"][test_net_id] += 1
+            if p.test_compute_loss:
+                loss += iter_loss
+            outputs = list(output_values(net))
+            values = np.array([o[2] for o in outputs], dtype=np.float32)
+            scores = values if scores is None else scores + values
+        if self.requested_early_exit:
+            log.info("Test interrupted.")
+            return
+        iters = f32(p.test_iter[test_net_id])
+        if p.test_compute_loss:
+            log.info("Test loss: %s", _fmt(loss / iters))
+        self.test_scores[test_net_id] = []
+        if scores is None:
+            return
+        for (index, name, _, weight), total in zip(outputs, scores):
+            mean = f32(total / iters)
+            self.test_scores[test_net_id].append((name, float(mean)))
+            log.info("    Test net output #%d: %s = %s%s", index, name, _fmt(mean), _loss_note(weight, mean))
+
+    # --- snapshots ----------------------------------------------------------------------------------------------
+
+    def _snapshot_filename(self, extension):
+        return "%s_iter_%d%s" % (self.param.snapshot_prefix, self.iter, extension)
+
+    def _check_snapshot_prefix(self):
+        """Caffe's CheckSnapshotWritePermissions: with snapshots on, the prefix must be set and writable."""
+        p = self.param
+        if not p.snapshot:
+            return
+        if not p.HasField("snapshot_prefix"):
+            raise SolverError("%s: snapshot is specified but snapshot_prefix is not" % self.source)
+        probe = "%s_iter_0.tempfile" % p.snapshot_prefix
+        try:
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as exc:
+            raise SolverError("%s: cannot write to snapshot prefix '%s' (%s). Make sure that the directory exists "
+                              "and is writable." % (self.source, p.snapshot_prefix, exc.strerror)) from None
+
+    def snapshot(self):
+        """Write the model and the solver state; returns their paths."""
+        p = self.param
+        hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
+        kind = "HDF5" if hdf5 else "binary proto"
+        model = self._snapshot_filename(".caffemodel.h5" if hdf5 else ".caffemodel")
+        log.info("Snapshotting to %s file %s", kind, model)
+        snapshots.write_model(self.net, model, hdf5, p.snapshot_diff)
+        state = self._snapshot_filename(".solverstate.h5" if hdf5 else ".solverstate")
+        log.info("Snapshotting solver state to %s file %s", kind, state)
+        snapshots.write_state(state, self.iter, model, self.current_step, self.history, hdf5)
+        return model, state
+
+    def restore(self, path):
+        """Continue from a .solverstate (or .solverstate.h5): iteration, weights, current step, history, and the
+        data position of an uninterrupted run (see the module's notes)."""
+        path = os.fsdecode(path)
+        state = snapshots.read_state(path)
+        self.iter = state["iter"]
+        learned = state["learned_net"]
+        if learned:
+            if not os.path.exists(learned) and not os.path.isabs(learned):
+                beside = os.path.join(os.path.dirname(path), learned)
+                learned = beside if os.path.exists(beside) else learned
+            snapshots.load_weights(self.net, learned)
+        self.current_step = state["current_step"]
+        shapes = [b.shape for b in self.net.learnable_params] * updates.HISTORY_SETS[self.param.type]
+        self.history = snapshots.check_history(path, state["history"], shapes)
+        log.info("SGDSolver: restoring history")
+        self._restore_data_position()
+
+    def _restore_data_position(self):
+        p = self.param
+        self._advance_data(self.net, "train net", self.iter * p.iter_size - self._forwards["train"])
+        self._forwards["train"] = max(self._forwards["train"], self.iter * p.iter_size)
+        if not p.test_interval:
+            return
+        passes = len([t for t in range(0, self.iter, p.test_interval) if t > 0 or p.test_initialization])
+        for i, net in enumerate(self.test_nets):
+            target = passes * p.test_iter[i]
+            self._advance_data(net, "test net #%d" % i, target - self._forwards["test"][i])
+            self._forwards["test"][i] = max(self._forwards["test"][i], target)
+
+    @staticmethod
+    def _advance_data(net, which, batches):
+        if batches <= 0:
+            return
+        for layer_id, layer in enumerate(net.layers):
+            if layer.type in DATA_SOURCE_TYPES:
+                log.info("Resuming: layer %s of the %s moves on %d batches, to where the interrupted run was",
+                         layer.name, which, batches)
+                for _ in range(batches):
+                    net.forward_from_to(layer_id, layer_id)
+
+
+def output_values(net):
+    """(index, blob name, value, loss weight) for every element of every output blob of `net`, in Caffe's order
+    (the numbering of 'Train net output #i' and 'Test net output #i')."""
+    weights = {}
+    for layer, ids in zip(net.layers, net.top_ids):
+        for w, i in zip(layer.loss_weights, ids):
+            if w:
+                weights[i] = f32(w)
+    index = 0
+    for i in net.output_ids:
+        for value in net._blob_list[i].data.reshape(-1):
+            yield index, net.blob_names[i], f32(value), weights.get(i, f32(0))
+            index += 1
+
+
+def _loss_note(weight, value):
+    return " (* %s = %s loss)" % (_fmt(weight), _fmt(f32(weight * value))) if weight else ""

@@ -1,0 +1,261 @@
+"""The Solver on nets without data files (DummyData): net forms, test nets, smoothing, callbacks, snapshots,
+Caffe's configuration checks. The golden comparisons with Caffe are in test_golden_solvers.py."""
+import json
+import logging
+
+import h5py
+import numpy as np
+import pytest
+
+import pycaffe_dist as caffe
+from pycaffe_dist.errors import SolverError
+from pycaffe_dist.io.binaryproto import read_binary
+from pycaffe_dist.io.prototxt import parse_text
+from pycaffe_dist.proto import caffe_pb2
+from pycaffe_dist.solver import updates
+from pycaffe_dist.solver.solver import Solver
+from tests.conftest import GOLDEN
+
+NET = """
+name: "dummy"
+layer { name: "data" type: "DummyData" top: "x" top: "y"
+        dummy_data_param { shape { dim: 8 dim: 5 } shape { dim: 8 dim: 2 }
+                           data_filler { type: "gaussian" std: 1 } data_filler { type: "gaussian" std: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p"
+        param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "extra" type: "Power" bottom: "p" top: "p2" include { stage: "extra" } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+"""
+
+
+def net_param(text=NET):
+    return parse_text(text, caffe_pb2.NetParameter())
+
+
+def solver_param(tmp_path, text="", net=NET, **fields):
+    p = parse_text("base_lr: 0.01 lr_policy: 'fixed' momentum: 0.9 weight_decay: 0.001 max_iter: 6 "
+                   "random_seed: 7 snapshot_prefix: '%s/snap' " % tmp_path + text, caffe_pb2.SolverParameter())
+    p.net_param.CopyFrom(net_param(net))
+    for key, value in fields.items():
+        setattr(p, key, value)
+    return p
+
+
+def test_generic_net_gives_one_test_net_per_test_iter_with_its_test_state(tmp_path):
+    p = solver_param(tmp_path, "test_iter: 2 test_iter: 3 test_interval: 4 test_state { stage: 'extra' } "
+                               "test_state { }")
+    s = Solver(p)
+    assert len(s.test_nets) == 2
+    assert "extra" in s.test_nets[0].layer_names and "extra" not in s.test_nets[1].layer_names
+    assert "extra" not in s.net.layer_names and s.net.phase == caffe_pb2.TRAIN
+    assert all(n.phase == caffe_pb2.TEST for n in s.test_nets)
+    s.step(5)          # tests at iterations 0 and 4
+    for net in s.test_nets:
+        assert net.params["ip"][0] is s.net.params["ip"][0]     # the train net's weights, shared
+    assert [name for name, _ in s.test_scores[0]] == ["p2"] * 16 + ["loss"]      # every output element
+    assert [name for name, _ in s.test_scores[1]] == ["loss"]
+
+
+def test_train_net_and_test_net_files(tmp_path):
+    (tmp_path / "train.prototxt").write_text(NET)
+    (tmp_path / "test.prototxt").write_text(NET)
+    p = solver_param(tmp_path, "train_net: '%s/train.prototxt' test_net: '%s/test.prototxt' test_iter: 1 "
+                               "test_interval: 10 train_state { stage: 'extra' }" % (tmp_path, tmp_path))
+    p.ClearField("net_param")
+    s = Solver(p)
+    assert "extra" in s.net.layer_names and len(s.test_nets) == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("net: 'a.prototxt'", "must specify exactly one train net using one of these fields: net, net_param, "
+                          "train_net, train_net_param (it has net, net_param)"),
+    ("test_net_param { name: 't' } test_net_param { name: 't' } test_iter: 1",
+     "test_iter must be specified for each test network (1 test_iter for 2 test nets)"),
+    ("test_iter: 1 test_state { } test_state { }", "test_state must be unspecified or specified once per test net"),
+    ("test_iter: 1", "test_interval must be positive when there are test nets"),
+    ("iter_size: 0", "iter_size should be at least 1"),
+])
+def test_configuration_errors(tmp_path, text, message):
+    with pytest.raises(SolverError, match="^solver: .*" + message.replace("(", r"\(").replace(")", r"\)")):
+        Solver(solver_param(tmp_path, text))
+
+
+def test_snapshot_prefix_must_be_writable(tmp_path):
+    with pytest.raises(SolverError, match="^solver: cannot write to snapshot prefix '/nonexistent/dir/snap' "
+                                          r"\(No such file or directory\). Make sure that the directory exists"):
+        Solver(solver_param(tmp_path, "snapshot: 5", snapshot_prefix="/nonexistent/dir/snap"))
+
+
+def test_no_train_net(tmp_path):
+    p = solver_param(tmp_path)
+    p.ClearField("net_param")
+    with pytest.raises(SolverError, match="must specify a train net using one of these fields"):
+        Solver(p)
+
+
+MANIFEST = json.loads((GOLDEN / "solvers" / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("case", sorted(MANIFEST["rejected_by_caffe"]))
+def test_configs_caffe_rejects(tmp_path, case):
+    """Caffe's three rejected solvers, on our small net: the same refusal, at the same moment (constructor or the
+    first update), as a SolverError."""
+    entry = MANIFEST["rejected_by_caffe"][case]
+    p = parse_text("\n".join(entry["solver_lines"]), caffe_pb2.SolverParameter())
+    p.net_param.CopyFrom(net_param())
+    caffe_says = entry["caffe_message"][0]
+    if "AdaGrad" in caffe_says:
+        with pytest.raises(SolverError, match="momentum cannot be used with AdaGrad"):
+            Solver(p)
+        return
+    s = Solver(p)                       # Caffe checks the lr policy only when it computes a rate
+    expected = "unknown learning rate policy: 'stepearly'" if "stepearly" in caffe_says else \
+        "lr_policy sigmoid needs gamma >= 0, got -1"
+    with pytest.raises(SolverError, match=expected):
+        s.step(1)
+    assert s.iter == 0
+
+
+def test_smoothed_loss_over_average_loss_iterations(tmp_path):
+    s = Solver(solver_param(tmp_path, "average_loss: 3"))
+    losses, smoothed = [], []
+
+    def hook(solver):
+        losses.append(np.float32(solver.net.blobs["loss"].data))
+        smoothed.append(solver.smoothed_loss)
+    s.iteration_hooks.append(hook)
+    s.step(6)
+    for i in range(6):
+        window = losses[max(0, i - 2):i + 1]
+        assert smoothed[i] == pytest.approx(np.mean(window), rel=1e-5)
+
+
+def test_callbacks_see_the_gradients_before_the_update(tmp_path):
+    s = Solver(solver_param(tmp_path))
+    events = []
+    w = s.net.params["ip"][0]
+
+    def on_start():
+        events.append(("start", s.iter, float(np.abs(w.diff).sum())))
+
+    def on_gradients():
+        events.append(("gradients", s.iter, float(np.abs(w.diff).sum())))
+        on_gradients.before = w.data.copy()
+    s.add_callback(on_start, on_gradients)
+    s.step(2)
+    assert [e[:2] for e in events] == [("start", 0), ("gradients", 0), ("start", 1), ("gradients", 1)]
+    assert events[0][2] == 0 and events[1][2] > 0        # diffs cleared before the pass, filled after it
+    assert not np.array_equal(on_gradients.before, w.data)
+
+
+def test_iter_size_accumulates_like_one_big_batch(tmp_path):
+    """Constant data: two passes of batch 8 with iter_size 2 make the same update as one pass."""
+    net = NET.replace('data_filler { type: "gaussian" std: 1 } data_filler { type: "gaussian" std: 1 }',
+                      'data_filler { type: "constant" value: 0.5 } data_filler { type: "constant" value: -1 }')
+    one, two = Solver(solver_param(tmp_path, net=net)), Solver(solver_param(tmp_path, "iter_size: 2", net=net))
+    two.net.params["ip"][0].data[...] = one.net.params["ip"][0].data
+    one.step(3)
+    two.step(3)
+    np.testing.assert_allclose(two.net.params["ip"][0].data, one.net.params["ip"][0].data, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
+@pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
+def test_snapshot_restore_continues_exactly(tmp_path, kind, fmt):
+    momentum = 0.0 if kind in ("AdaGrad", "RMSProp") else 0.9
+    p = solver_param(tmp_path, "snapshot: 3 snapshot_format: %s type: '%s'" % (fmt, kind), momentum=momentum)
+    p.net_param.layer[0].dummy_data_param.data_filler[0].type = "constant"   # same data after a restore
+    p.net_param.layer[0].dummy_data_param.data_filler[1].type = "constant"
+    p.net_param.layer[0].dummy_data_param.data_filler[0].value = 0.3
+    whole = Solver(p)
+    start = {k: [b.data.copy() for b in v] for k, v in whole.net.params.items()}
+    whole.solve()
+    ext = ".h5" if fmt == "HDF5" else ""
+    state = tmp_path / ("snap_iter_3.solverstate" + ext)
+    assert state.exists() and (tmp_path / ("snap_iter_6.caffemodel" + ext)).exists()
+    resumed = Solver(p)
+    for k, blobs in resumed.net.params.items():
+        for blob, values in zip(blobs, start[k]):
+            blob.data[...] = values + 1         # whatever the net holds, the state's learned_net replaces it
+    resumed.restore(state)
+    assert resumed.iter == 3 and len(resumed.history) == updates.HISTORY_SETS[kind] * 2
+    resumed.solve()
+    for k, blobs in whole.net.params.items():
+        for a, b in zip(blobs, resumed.net.params[k]):
+            np.testing.assert_array_equal(a.data, b.data)
+    for a, b in zip(whole.history, resumed.history):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_binary_snapshot_files_parse_with_the_schema(tmp_path):
+    s = Solver(solver_param(tmp_path, "type: 'Adam' snapshot_diff: true"))
+    s.step(2)
+    model, state = s.snapshot()
+    assert model == "%s/snap_iter_2.caffemodel" % tmp_path
+    net = read_binary(model, caffe_pb2.NetParameter())
+    assert [l.name for l in net.layer] == s.net.layer_names
+    ip = next(l for l in net.layer if l.name == "ip")
+    assert list(ip.blobs[0].shape.dim) == [2, 5] and len(ip.blobs[0].diff) == 10
+    np.testing.assert_array_equal(np.array(ip.blobs[1].data, np.float32), s.net.params["ip"][1].data)
+    st = read_binary(state, caffe_pb2.SolverState())
+    assert st.iter == 2 and st.learned_net == model and st.current_step == 0 and len(st.history) == 4
+    np.testing.assert_array_equal(np.array(st.history[2].data, np.float32).reshape(2, 5), s.history[2])
+    back = caffe.Net(net_param(), caffe.TEST, weights=model)
+    np.testing.assert_array_equal(back.params["ip"][0].data, s.net.params["ip"][0].data)
+
+
+def test_hdf5_snapshot_layout_is_caffes(tmp_path):
+    s = Solver(solver_param(tmp_path, "snapshot_format: HDF5"))
+    s.step(1)
+    model, state = s.snapshot()
+    with h5py.File(model, "r") as f:
+        assert set(f) == {"data"} and set(f["data"]) == set(s.net.layer_names)
+        assert set(f["data/ip"]) == {"0", "1"} and not len(f["data/loss"])
+        np.testing.assert_array_equal(f["data/ip/0"][()], s.net.params["ip"][0].data)
+    with h5py.File(state, "r") as f:
+        assert f["iter"][()] == 1 and f["iter"].dtype == np.int32 and f["current_step"][()] == 0
+        assert f["learned_net"][()] == model.encode() + b"\0" or f["learned_net"][()] == model.encode()
+        assert f["learned_net"].id.get_type().get_strpad() == h5py.h5t.STR_NULLTERM
+        assert sorted(f["history"]) == ["0", "1"]
+
+
+def test_restore_refuses_a_state_of_another_solver_type(tmp_path):
+    s = Solver(solver_param(tmp_path))
+    s.step(1)
+    _, state = s.snapshot()
+    adam = Solver(solver_param(tmp_path, "type: 'Adam'"))
+    with pytest.raises(SolverError, match="incorrect length of history blobs: the state has 2, this solver needs 4"):
+        adam.restore(state)
+
+
+def test_gpu_mode_is_accepted_with_one_warning(tmp_path, caplog, monkeypatch):
+    from pycaffe_dist.solver import solver as solver_module
+    monkeypatch.setattr(solver_module, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="pycaffe_dist")
+    for _ in range(2):
+        Solver(solver_param(tmp_path, "solver_mode: GPU device_id: 1"))
+    warnings = [r for r in caplog.records if "GPU mode requested" in r.getMessage()]
+    assert len(warnings) == 1 and all(r.levelno == logging.WARNING for r in warnings)
+    caplog.clear()
+    Solver(solver_param(tmp_path))           # solver_mode unset: its default is GPU, but only an explicit one asks
+    assert not caplog.records
+
+
+def test_pycaffe_solver_classes(tmp_path):
+    (tmp_path / "net.prototxt").write_text(NET)
+    (tmp_path / "solver.prototxt").write_text("net: '%s/net.prototxt' base_lr: 0.01 lr_policy: 'step' gamma: 0.5 "
+                                              "stepsize: 2 max_iter: 4 type: 'Nesterov' momentum: 0.9\n" % tmp_path)
+    s = caffe.get_solver(str(tmp_path / "solver.prototxt"))
+    assert s.type == "Nesterov" and s.max_iter == 4 and s.test_nets == []
+    assert isinstance(s.net, caffe.Net) and list(s.net.params) == ["ip"]
+    assert s.lr == pytest.approx(0.01)
+    s.step(2)
+    assert s.iter == 2 and s.lr == pytest.approx(0.005)
+    adam = caffe.AdamSolver(str(tmp_path / "solver.prototxt"))
+    assert adam.type == "Adam" and len(adam.history) == 4
+    other = caffe.Net(net_param(), caffe.TEST)
+    s.share_weights(other)
+    assert other.params["ip"][0] is s.net.params["ip"][0]
+    s.solve()
+    assert s.iter == 4 and (tmp_path / "solver_iter_4.caffemodel").exists()   # snapshot_prefix from the file name
