@@ -179,6 +179,9 @@ def cmd_test(args):
     log = logging.getLogger("pycaffe_dist.cli")
     if args.iterations < 1:
         raise PycaffeDistError("--iterations must be at least 1, got %d" % args.iterations)
+    if args.threads:
+        from . import common
+        common.set_num_threads(args.threads)
     log.info("Use CPU.")
     net = Net(args.model, TEST, level=args.level, stages=args.stage)
     load_weights(net, args.weights)
@@ -301,6 +304,7 @@ def build_parser():
     p.add_argument("--iterations", type=int, default=50, help="batches to score (default 50)")
     p.add_argument("--level", type=int, default=0)
     p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
+    p.add_argument("--threads", type=int, help="CPU threads (BLAS and kernels); default: all cores")
     p.set_defaults(func=cmd_test)
 
     p = verbs.add_parser("plot", help="plot loss and test accuracy of a Caffe-format training log")

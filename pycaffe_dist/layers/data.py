@@ -219,7 +219,7 @@ class ImageDataLayer(_PrefetchingLayer):
         from ..data.convert import read_image_list
         from ..data.transform import DataTransformer
         p = self.param.image_data_param
-        self.check(p.HasField("new_height") == p.HasField("new_width") or (not p.new_height and not p.new_width),
+        self.check((p.new_height == 0 and p.new_width == 0) or (p.new_height > 0 and p.new_width > 0),
                    "current implementation requires new_height and new_width to be set at the same time")
         self.check(p.batch_size > 0, "image_data_param.batch_size must be positive")
         listing = self.source_path(p.source)
@@ -272,9 +272,12 @@ class WindowDataLayer(_SourceLayer):
 class HDF5DataLayer(_SourceLayer):
     """Datasets named like the tops, from the HDF5 files listed in `source` (Caffe's HDF5DataLayer): each file is
     loaded whole, batch_size rows per forward, wrapping over rows and then files. With `shuffle` the file order
-    is shuffled once and the rows of each file at each load, as Caffe does. No transform_param (Caffe has none)."""
+    is shuffled once and the rows of each file at each load, as Caffe does. No transform_param (Caffe has none).
+    In TRAIN a data shard (i, n) keeps the rows read at running positions p with p % n == i, as Caffe's
+    HDF5DataLayer::Skip does for solver rank i of n."""
     min_top = 1
     param_field = "hdf5_data_param"
+    shard = _PrefetchingLayer.shard
 
     def layer_setup(self, bottom, top):
         from ..data import sources
@@ -289,6 +292,7 @@ class HDF5DataLayer(_SourceLayer):
         if p.shuffle:
             self.file_order = self.rng.permutation(len(self.files))
         self.file_pos = 0
+        self.offset = 0            # rows passed so far, kept or skipped: the running position of the shard rule
         self.load_file(self.file_order[0])
 
     def load_file(self, index):
@@ -319,13 +323,16 @@ class HDF5DataLayer(_SourceLayer):
 
     def forward(self, bottom, top):
         batch, filled = self.shapes[0][0], 0
+        index, count = self.shard()
         while filled < batch:
-            take = min(batch - filled, len(self.rows) - self.row_pos)
-            rows = self.rows[self.row_pos:self.row_pos + take]
+            ahead = self.rows[self.row_pos:]
+            keep = np.flatnonzero((self.offset + np.arange(len(ahead))) % count == index)[:batch - filled]
             for blob, array in zip(top, self.arrays):
-                blob.data[filled:filled + take] = array[rows]
-            filled += take
-            self.row_pos += take
+                blob.data[filled:filled + len(keep)] = array[ahead[keep]]
+            filled += len(keep)
+            passed = keep[-1] + 1 if filled == batch else len(ahead)
+            self.row_pos += passed
+            self.offset += passed
             if self.row_pos == len(self.rows):
                 self.next_file()
 

@@ -121,6 +121,15 @@ def test_time_prints_caffe_style_per_layer_timings(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_time_shows_the_wait_for_prefetched_data(tmp_path):
+    case = GOLDEN / "solvers" / "sgd_momentum"            # a Data layer on the LMDB Caffe wrote
+    run = dist_caffe("time", "--model", case / "net.prototxt", "--iterations", 3, "--threads", 1, cwd=case)
+    assert run.returncode == 0, run.stderr
+    line = next(l for l in run.stdout.splitlines() if l.startswith("Average wait for prefetched data:"))
+    wait_ms, share = float(line.split()[5]), float(line.split("(")[1].split("%")[0])
+    assert wait_ms >= 0 and 0 <= share <= 100
+
+
 def test_time_rejects_zero_iterations():
     run = dist_caffe("time", "--model", GOLDEN / "nets" / "lenet" / "net.prototxt", "--iterations", 0)
     assert_clean_error(run, "--iterations must be at least 1")

@@ -254,6 +254,30 @@ def test_hdf5_data_batches_wrap_over_rows_and_files(tmp_path):
     assert net.blob_by_name("label").data.tolist() == [11, 0, 1, 2]
 
 
+def test_hdf5_data_train_shard_keeps_every_nth_row(tmp_path):
+    import h5py
+    with h5py.File(tmp_path / "f.h5", "w") as h5:
+        h5["data"] = np.zeros((7, 1), np.float32)
+        h5["label"] = np.arange(7, dtype=np.float32)
+    (tmp_path / "list.txt").write_text("%s\n" % (tmp_path / "f.h5"))
+    text = """layer { name: "h" type: "HDF5Data" top: "data" top: "label"
+        hdf5_data_param { source: "%s" batch_size: 3 } }""" % (tmp_path / "list.txt")
+    try:
+        common.set_data_shard(1, 2)
+        net = net_from_text(text)
+        labels = []
+        for _ in range(3):
+            net.forward_from_to()
+            labels += net.blob_by_name("label").data.tolist()
+        # running positions 1, 3, 5, then 7, 9, 11 (rows 0, 2, 4 of the second pass), 13 (row 6), 15, 17 ...
+        assert labels == [1, 3, 5, 0, 2, 4, 6, 1, 3]
+        test_net = net_from_text(text, phase=caffe_pb2.TEST)
+        test_net.forward_from_to()
+        assert test_net.blob_by_name("label").data.tolist() == [0, 1, 2]
+    finally:
+        common.set_data_shard(0, 1)
+
+
 def test_hdf5_output_writes_its_bottoms(tmp_path):
     import h5py
     net = net_from_text("""
