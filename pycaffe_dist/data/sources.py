@@ -1,4 +1,4 @@
-"""Data sources: the record stores Caffe reads (LMDB, LevelDB, datumfile), image lists and HDF5 lists.
+"""Data sources: the record stores Caffe reads (LMDB, LevelDB, datumfile).
 
 A record store holds (key, value) pairs whose values are serialized `caffe.Datum`s. `open_records(path, backend)`
 gives a `RecordSource` for any of the three stores:
@@ -412,10 +412,11 @@ def iter_records(source, backend):
         yield from records
 
 
-def first_datum(source, backend):
-    for key, value in iter_records(source, backend):
-        return parse_datum(value, "%s: record %r" % (source, key))
-    raise DataError("%s: the database holds no records" % source)
+def first_datum(records):
+    """The first Datum of an open RecordSource (what a Data layer learns its shapes from)."""
+    for key, value in records:
+        return parse_datum(value, "%s: record %r" % (records.path, key))
+    raise DataError("%s: the database holds no records" % records.path)
 
 
 # -- writers ---------------------------------------------------------------------------------------------------
@@ -569,43 +570,3 @@ def open_writer(path, backend, overwrite=False):
 
 
 # -- shapes for layer setup ------------------------------------------------------------------------------------
-def first_image_shape(listing, root_folder, is_color, new_height, new_width):
-    """(channels, height, width) of the first image of an ImageData list file."""
-    with open(listing) as f:
-        first = f.readline().strip()
-    if not first:
-        raise DataError("%s: the image list is empty" % listing)
-    image_path = os.path.join(root_folder, first.rsplit(" ", 1)[0])
-    channels = 3 if is_color else 1
-    if new_height and new_width:
-        return channels, new_height, new_width
-    try:
-        from PIL import Image
-    except ImportError:
-        raise DataError("%s: reading images needs the 'Pillow' package" % listing) from None
-    try:
-        with Image.open(image_path) as img:
-            width, height = img.size
-    except OSError as exc:
-        raise DataError("%s: cannot read the first image %s: %s" % (listing, image_path, exc)) from None
-    return channels, height, width
-
-
-def hdf5_dataset_shapes(listing, names):
-    """Shapes of the datasets `names` in the first HDF5 file of an HDF5Data list file."""
-    with open(listing) as f:
-        files = [line.strip() for line in f if line.strip()]
-    if not files:
-        raise DataError("%s: the HDF5 file list is empty" % listing)
-    try:
-        import h5py
-    except ImportError:
-        raise DataError("%s: reading HDF5 needs the 'h5py' package (pip install h5py)" % listing) from None
-    try:
-        with h5py.File(files[0], "r") as h5:
-            missing = [n for n in names if n not in h5]
-            if missing:
-                raise DataError("%s: has no dataset %s" % (files[0], ", ".join(missing)))
-            return [h5[n].shape for n in names]
-    except OSError as exc:
-        raise DataError("%s: cannot open %s: %s" % (listing, files[0], exc)) from None

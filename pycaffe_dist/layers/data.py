@@ -154,7 +154,8 @@ class DataLayer(_PrefetchingLayer):
         path = self.source_path(p.source)
         transformer = DataTransformer(self.param.transform_param, self.phase, self.where())
         try:
-            datum = sources.first_datum(path, p.backend)
+            source = sources.open_records(path, p.backend)
+            datum = sources.first_datum(source)
             record = datum_image(datum, self.param.transform_param, "%s: %s" % (self.where(), path))
         except DataError as exc:
             raise DataError("%s: %s" % (self.where(), exc)) from None
@@ -162,7 +163,6 @@ class DataLayer(_PrefetchingLayer):
         self.record_shape = transformer.output_shape(*record.shape)
         skip = int(self.rng.integers(p.rand_skip)) if p.rand_skip else 0
         index, count = self.shard()
-        source = sources.open_records(path, p.backend)
         self.start_prefetch(record_batches(source, p.batch_size, transformer, self.where(), skip, index, count),
                             p.prefetch)
 
@@ -280,14 +280,14 @@ class HDF5DataLayer(_SourceLayer):
     shard = _PrefetchingLayer.shard
 
     def layer_setup(self, bottom, top):
-        from ..data import sources
         p = self.param.hdf5_data_param
         self.check(p.batch_size > 0, "hdf5_data_param.batch_size must be positive")
         listing = self.source_path(p.source)
-        shapes = sources.hdf5_dataset_shapes(listing, list(self.param.top))
-        self.shapes = [(p.batch_size,) + tuple(s[1:]) for s in shapes]
         with open(listing) as f:
             self.files = [line.strip() for line in f if line.strip()]
+        if not self.files:
+            raise DataError("%s: the HDF5 file list %s is empty" % (self.where(), listing))
+        self.shapes = None         # (batch_size, *row shape) per top, from the first file loaded
         self.file_order = np.arange(len(self.files))
         if p.shuffle:
             self.file_order = self.rng.permutation(len(self.files))
@@ -308,6 +308,8 @@ class HDF5DataLayer(_SourceLayer):
         if len(rows) != 1 or 0 in rows:
             raise DataError("%s: %s: the datasets %s must have the same, non-zero number of rows, got %s"
                             % (self.where(), path, ", ".join(self.param.top), [len(a) for a in self.arrays]))
+        if self.shapes is None:
+            self.shapes = [(self.param.hdf5_data_param.batch_size,) + a.shape[1:] for a in self.arrays]
         for array, shape in zip(self.arrays, self.shapes):
             if array.shape[1:] != shape[1:]:
                 raise DataError("%s: %s: dataset rows of shape %s, expected %s as in the first file"

@@ -254,6 +254,20 @@ def test_hdf5_data_batches_wrap_over_rows_and_files(tmp_path):
     assert net.blob_by_name("label").data.tolist() == [11, 0, 1, 2]
 
 
+def test_hdf5_data_bad_lists_name_the_file(tmp_path):
+    import h5py
+    text = """layer { name: "h" type: "HDF5Data" top: "data" top: "label"
+        hdf5_data_param { source: "%s" batch_size: 2 } }"""
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(DataError, match=r"layer 'h' \(HDF5Data\): the HDF5 file list .*empty.txt is empty"):
+        net_from_text(text % (tmp_path / "empty.txt"))
+    with h5py.File(tmp_path / "f.h5", "w") as h5:
+        h5["data"] = np.zeros((3, 2), np.float32)
+    (tmp_path / "list.txt").write_text("%s\n" % (tmp_path / "f.h5"))
+    with pytest.raises(DataError, match=r"cannot read datasets data, label from .*f.h5"):
+        net_from_text(text % (tmp_path / "list.txt"))
+
+
 def test_hdf5_data_train_shard_keeps_every_nth_row(tmp_path):
     import h5py
     with h5py.File(tmp_path / "f.h5", "w") as h5:
