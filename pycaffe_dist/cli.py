@@ -9,6 +9,7 @@ from .data import commands as data_commands
 from .errors import PycaffeDistError
 
 EXIT_ERROR, EXIT_INTERNAL = 1, 70
+MODE_NAMES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only")
 
 
 def _phase(value):
@@ -120,19 +121,18 @@ class SignalActions:
         return NONE
 
 
-def _images_per_iteration(solver):
-    first = next((i for ids in solver.net.top_ids for i in ids), None)
-    shape = solver.net._blob_list[first].shape if first is not None else ()
-    return (shape[0] if shape else 1) * solver.param.iter_size
-
-
 def cmd_train(args):
     """Caffe's `caffe train`: finetune from --weights or resume from --snapshot; Caffe's log lines on stderr (and
     in --log); on a terminal, a progress line under them."""
     from . import common
     from .io.load import read_solver
     from .solver import training_log
-    from .solver.solver import Solver
+    from .solver.solver import Solver, images_per_iteration
+    if args.workers is not None or args.mode is not None or args.redis is not None:
+        if args.workers is None:
+            raise PycaffeDistError("--mode and --redis train on workers: give --workers N")
+        args.mode = args.mode or "async"
+        return cmd_train_distributed(args)
     if args.snapshot and args.weights:
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     if args.threads:
@@ -154,7 +154,7 @@ def cmd_train(args):
     solver = Solver(param)
     solver.set_action_function(actions)
     if terminal is not None:
-        solver.iteration_hooks.append(training_log.Progress(terminal, _images_per_iteration(solver), param.max_iter))
+        solver.iteration_hooks.append(training_log.Progress(terminal, images_per_iteration(solver), param.max_iter))
     if args.snapshot:
         log.info("Resuming from %s", args.snapshot)
         solver.restore(args.snapshot)
@@ -166,6 +166,105 @@ def cmd_train(args):
             terminal.finish()
     log.info("Optimization Done.")
     return 0
+
+
+def _mode_options(args):
+    return {"tau": args.tau, "factor": args.factor, "max_advance": args.max_advance, "weedout": args.weedout,
+            "moving_rate": args.moving_rate, "overlap": args.overlap}
+
+
+def cmd_train_distributed(args):
+    """`train --workers N`: a private redis-server (or --redis), the master and N workers on this machine."""
+    from .dist import launch
+    from .solver import training_log
+    if args.snapshot and args.weights:
+        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
+    if args.workers < 1:
+        raise PycaffeDistError("--workers must be at least 1, got %d" % args.workers)
+    master = ["--solver", args.solver, "--workers", str(args.workers), "--mode", args.mode,
+              "--heartbeat", str(args.heartbeat)]
+    for flag, value in (("--tau", args.tau), ("--factor", args.factor), ("--max-advance", args.max_advance),
+                        ("--weedout", args.weedout), ("--moving-rate", args.moving_rate),
+                        ("--iterations", args.iterations), ("--snapshot", args.snapshot), ("--weights", args.weights),
+                        ("--log", args.log), ("--stats", args.stats)):
+        if value is not None:
+            master += [flag, str(value)]
+    if args.keep:
+        master.append("--keep")
+    if args.overlap is not None:
+        master.append("--overlap" if args.overlap else "--no-overlap")
+    terminal = sys.stderr.isatty()
+    handler = training_log.TerminalHandler(sys.stderr) if terminal else None
+
+    def sink(line):
+        if handler is not None:
+            handler.acquire()
+            try:
+                handler.stream.write("\r\x1b[K" + line + "\n" + handler.status)
+                handler.flush()
+            finally:
+                handler.release()
+        else:
+            print(line, file=sys.stderr, flush=True)
+    progress = training_log.DistributedProgress(handler) if handler is not None else None
+    try:
+        code = launch.run_local(master, [], args.workers, redis_url=args.redis, worker_threads=args.threads or 1,
+                                job=args.job, progress=progress, sink=sink)
+    finally:
+        if handler is not None:
+            handler.finish()
+    if code == 130:
+        print("dist_caffe: interrupted: stopped the master and the workers", file=sys.stderr)
+    elif code:
+        raise PycaffeDistError("the master exited with status %d (see its log lines above)" % code)
+    return code
+
+
+def cmd_master(args):
+    """The master of a distributed job: publishes it on Redis, merges the workers' results, tests, snapshots."""
+    from .dist.master import Master
+    from .solver import training_log
+    if not args.resume and not args.solver:
+        raise PycaffeDistError("master needs --solver (or --resume with --job)")
+    training_log.attach(logging.getLogger("pycaffe_dist"), args.log)
+    master = Master(args.redis, args.solver, args.mode, _mode_options(args), args.workers, job=args.job,
+                    resume=args.resume, snapshot=args.snapshot, weights=args.weights, threads=args.threads or 1,
+                    heartbeat_s=args.heartbeat, join_timeout_s=args.join_timeout, keep=args.keep,
+                    max_iter=args.iterations, stats_path=args.stats, retry_s=args.redis_retry)
+    print("job %s on %s" % (master.job, master.store.urls[0].split("@")[-1]), file=sys.stderr, flush=True)
+    master.run()
+    return 0
+
+
+def cmd_worker(args):
+    """A worker of a distributed job: everything it needs comes from Redis, but the data paths."""
+    from .dist.worker import Worker
+    from .solver import training_log
+    training_log.attach(logging.getLogger("pycaffe_dist.dist"))
+    logging.getLogger("pycaffe_dist.solver").setLevel(logging.WARNING)
+    worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
+                    wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry)
+    stats = worker.run()
+    print("worker %s: %d rounds, %d images" % (worker.id, stats["rounds"], stats["images"]), file=sys.stderr)
+    return 0
+
+
+def _add_mode_options(p):
+    p.add_argument("--tau", type=int, help="local solver steps per round (default 1)")
+    p.add_argument("--factor", type=float, help="async: W += delta / FACTOR (default 1)")
+    p.add_argument("--max-advance", type=int, help="partial-sync: rounds a worker may run ahead of the slowest "
+                   "(default 1)")
+    p.add_argument("--weedout", type=int, help="weed-out: merge a result only if its worker is among the last N "
+                   "to report")
+    p.add_argument("--moving-rate", type=float, help="easgd: the elastic moving rate alpha (default 0.5)")
+    overlap = p.add_mutually_exclusive_group()
+    overlap.add_argument("--overlap", dest="overlap", action="store_true", default=None,
+                         help="workers compute their next round while the last result travels (the default, but "
+                         "in gradient-only)")
+    overlap.add_argument("--no-overlap", dest="overlap", action="store_false",
+                         help="workers wait for each reply before their next round (SpeeDO's schedule)")
+    p.add_argument("--heartbeat", type=float, default=5.0, help="seconds without a heartbeat after which a worker "
+                   "counts as gone (default 5)")
 
 
 def cmd_test(args):
@@ -296,7 +395,50 @@ def build_parser():
     p.add_argument("--sighup_effect", type=_signal_effect, default="snapshot",
                    help="on SIGHUP: snapshot (default), stop or none")
     p.add_argument("--log", help="also write the log lines to this file")
+    p.add_argument("--workers", type=int, help="train on N worker processes that meet at a Redis parameter store "
+                   "(a private redis-server unless --redis is given)")
+    p.add_argument("--mode", choices=MODE_NAMES, help="distributed mode (default async)")
+    p.add_argument("--redis", help="Redis URL(s) to use instead of a private server (comma-separated: blobs are "
+                   "sharded over them)")
+    p.add_argument("--job", help="distributed job id (default: generated)")
+    p.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
+    p.add_argument("--stats", help="distributed: write the master's summary (rates, tests) to this JSON file")
+    _add_mode_options(p)
     p.set_defaults(func=cmd_train)
+
+    p = verbs.add_parser("master", help="the master of a distributed job on Redis")
+    p.add_argument("--solver", help="solver prototxt")
+    p.add_argument("--workers", type=int, default=1, help="workers to wait for before starting (default 1)")
+    p.add_argument("--mode", choices=MODE_NAMES, default="async", help="distributed mode (default async)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), comma-separated to shard")
+    p.add_argument("--job", help="job id (default: generated from the solver's name)")
+    p.add_argument("--resume", action="store_true", help="continue the job --job from its state on Redis")
+    p.add_argument("--snapshot", help=".solverstate to start from (weights, merge count, history)")
+    p.add_argument("--weights", help=".caffemodel to start the weights from")
+    p.add_argument("--iterations", type=int, help="merges to run (overrides the solver's max_iter)")
+    p.add_argument("--threads", type=int, help="CPU threads of the master (tests; default 1)")
+    p.add_argument("--join-timeout", type=float, default=300.0, help="seconds to wait for the workers before "
+                   "starting with those there (default 300)")
+    p.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
+    p.add_argument("--stats", help="write a summary (rates, tests) to this JSON file")
+    p.add_argument("--log", help="also write the log lines to this file")
+    p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
+                   "giving up (default 30)")
+    _add_mode_options(p)
+    p.set_defaults(func=cmd_master)
+
+    p = verbs.add_parser("worker", help="a worker of a distributed job on Redis")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), as the master's")
+    p.add_argument("--job", help="job id (default: the only job on the server)")
+    p.add_argument("--threads", type=int, help="CPU threads (default 1)")
+    p.add_argument("--master-timeout", type=float, default=120.0, help="seconds without the master before giving "
+                   "up (default 120)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
+                   "(default 60)")
+    p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
+    p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
+                   "giving up (default 30)")
+    p.set_defaults(func=cmd_worker)
 
     p = verbs.add_parser("test", help="score a trained net on its TEST phase (caffe test)")
     p.add_argument("--model", required=True, help="net prototxt")

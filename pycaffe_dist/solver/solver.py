@@ -424,6 +424,14 @@ class Solver:
                     net.forward_from_to(layer_id, layer_id)
 
 
+def images_per_iteration(solver):
+    """Images one iteration consumes: the first top's batch size times iter_size."""
+    net = solver.net
+    first = next((i for ids in net.top_ids for i in ids), None)
+    shape = net._blob_list[first].shape if first is not None else ()
+    return (shape[0] if shape else 1) * solver.param.iter_size
+
+
 def output_values(net):
     """(index, blob name, value, loss weight) for every element of every output blob of `net`, in Caffe's order
     (the numbering of 'Train net output #i' and 'Test net output #i')."""

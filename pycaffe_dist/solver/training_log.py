@@ -77,6 +77,26 @@ class Progress:
                                    per_s * self.images, _duration(left)))
 
 
+class DistributedProgress:
+    """The progress line of a distributed run, from the master's published stats: merges, loss, each worker's
+    images/s, the exchange share of a round and the time left."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def __call__(self, stats):
+        if not stats.get("started"):
+            self.handler.set_status("[job %s] waiting for workers" % stats.get("job"))
+            return
+        count, total, elapsed = stats["count"], stats["max_iter"], stats["elapsed_s"]
+        left = (total - count) * elapsed / count if count else 0
+        rates = ", ".join("w%s %.0f img/s" % (w, r) for w, r in sorted(stats["workers"].items(), key=lambda x: int(x[0])))
+        loss = "%.4g" % stats["loss"] if stats.get("loss") is not None else "-"
+        self.handler.set_status("[%s merge %d/%d] loss %s  %s  exchange %.0f%%  ETA %s"
+                                % (stats["mode"], count, total, loss, rates, 100 * stats["exchange_share"],
+                                   _duration(left)))
+
+
 def _duration(seconds):
     seconds = int(round(seconds))
     return "%d:%02d:%02d" % (seconds // 3600, seconds // 60 % 60, seconds % 60)

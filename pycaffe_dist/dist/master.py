@@ -1,0 +1,453 @@
+"""The master: holds the global weights W, merges the workers' results by the mode's rule, tests and snapshots W.
+
+It publishes the job (store.py lists the keys), writes W to Redis, waits for its workers, then serves its inbox:
+join (answered with a data shard), ready, result (the mode merges or drops it), leave. After each batch of
+messages it writes W once, in one transaction with its state (merge count), and only then sends the replies, so a
+worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone.
+
+Units: max_iter, display, test_interval, snapshot and the learning-rate schedule count merges (one per merged
+result; one per round in sync), as SpeeDO counted them. The TEST nets score the current W every test_interval
+merges and at the end; snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's
+update history in gradient-only mode, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
+"""
+import json
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+
+from .. import common
+from ..errors import StoreError
+from ..io.load import read_solver
+from ..solver import snapshot as snapshots
+from ..solver.solver import Solver, _fmt, output_values  # noqa: F401  (output_values: tests of this module)
+from . import job as jobs
+from .modes import MODES
+from .store import Store
+
+log = logging.getLogger("pycaffe_dist.solver")
+POLL_S = 0.2
+HISTORY_EVERY = 50          # gradient-only: merges between saves of the master's history to Redis
+
+
+class Member:
+    def __init__(self, worker, slot, info):
+        self.id, self.slot, self.info = worker, slot, info
+        self.ready = False
+        self.last_round = None
+        self.rounds = self.images = 0
+        self.compute_s = self.wait_s = 0.0
+        self.first_seen = self.last_seen = time.monotonic()
+
+
+class Master:
+    def __init__(self, urls, solver_path=None, mode="async", options=None, workers=1, job=None, resume=False,
+                 snapshot=None, weights=None, threads=1, heartbeat_s=5.0, join_timeout_s=300.0, keep=False,
+                 max_iter=None, stats_path=None, retry_s=30.0):
+        common.set_num_threads(threads)
+        self.log = log
+        self.resume, self.keep, self.stats_path = resume, keep, stats_path
+        self.join_timeout_s, self.heartbeat_s = join_timeout_s, heartbeat_s
+        if resume:
+            self.job = job or self._only_job(urls)
+            self.store = Store(urls, self.job, retry_s)
+            spec = self.store.job_spec()
+            if spec is None:
+                raise StoreError("job %s: nothing to resume on %s" % (self.job, self.store.urls[0]))
+            spec = jobs.check_spec(spec, "job %s" % self.job)
+            from google.protobuf import text_format
+            from ..proto import caffe_pb2
+            param = text_format.Parse(spec["solver"], caffe_pb2.SolverParameter())
+            mode, options, workers = spec["mode"], spec["options"], spec["workers"]
+            self.heartbeat_s = spec["heartbeat_s"]
+        else:
+            if mode not in MODES:
+                raise StoreError("unknown mode %r (use %s)" % (mode, ", ".join(MODES)))
+            param = jobs.inline_nets(read_solver(solver_path))
+            if weights:
+                param.ClearField("weights")
+                param.weights.append(weights)
+            options = dict(jobs.DEFAULT_OPTIONS, **{k: v for k, v in (options or {}).items() if v is not None})
+            _check_options(mode, options)
+            self.job = job or jobs.new_job_id(os.path.splitext(os.path.basename(solver_path))[0])
+            self.store = Store(urls, self.job, retry_s)
+            if self.store.job_spec() is not None:
+                raise StoreError("job %s already exists on %s (resume it with --resume, or choose another --job)"
+                                 % (self.job, self.store.urls[0]))
+        if max_iter is not None:
+            param.max_iter = max_iter
+        self.param, self.mode_name, self.options, self.workers_wanted = param, mode, options, int(workers)
+        self.solver = Solver(param)
+        self.net = self.solver.net
+        self.weights = [b.data for b in self.net.learnable_params]
+        self.shapes = [tuple(w.shape) for w in self.weights]
+        self.names = jobs.blob_names(self.net)
+        self.scratch = [np.empty(s, np.float32) for s in self.shapes]
+        self.rule = MODES[mode].Master(self, options)
+        self.count = 0
+        self.members, self.pending, self.replies = {}, {}, []
+        self.dirty, self.started, self.stop_requested = True, False, False
+        self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
+        self.seen = set()
+        self.started_at = self.display_at = time.monotonic()
+        self.test_results = []
+        if resume or snapshot:
+            self._restore(snapshot)
+        self.spec = jobs.make_spec(param, mode, options, self.names, self.shapes, self.heartbeat_s,
+                                   self.workers_wanted)
+        self.spec["depth"] = self.rule.depth
+
+    @staticmethod
+    def _only_job(urls):
+        from .worker import find_job
+        return find_job(urls, None)
+
+    # --- state ----------------------------------------------------------------------------------------------
+
+    def _restore(self, snapshot):
+        if snapshot:
+            state = snapshots.read_state(snapshot)
+            learned = state["learned_net"]
+            if learned and not os.path.exists(learned) and not os.path.isabs(learned):
+                learned = os.path.join(os.path.dirname(snapshot), learned)
+            snapshots.load_weights(self.net, learned)
+            shapes = self.shapes * (len(self.solver.history) // len(self.shapes))
+            self.solver.history = snapshots.check_history(snapshot, state["history"], shapes)
+            self.count, self.solver.current_step = state["iter"], state["current_step"]
+            log.info("Resuming job %s from %s at merge %d", self.job, snapshot, self.count)
+            return
+        raw = self.store.call(self.store.control.hgetall, self.store.key("state"))
+        state = {k.decode(): int(v) for k, v in raw.items()}
+        self.store.get_blobs("W", self.shapes, out=self.weights)
+        self.count, self.solver.current_step = state.get("count", 0), state.get("current_step", 0)
+        for k, history in enumerate(_history_sets(self.solver)):
+            arrays, _ = self.store.get_blobs("hist:%d" % k, self.shapes, missing_ok=True)
+            if arrays is not None:
+                for h, a in zip(history, arrays):
+                    h[...] = a
+        log.info("Resuming job %s from Redis at merge %d", self.job, self.count)
+
+    def _save_history(self):
+        for k, history in enumerate(_history_sets(self.solver)):
+            self.store.put_blobs("hist:%d" % k, history, version=self.count)
+
+    def _flush(self):
+        """Write W (with the state, atomically) if it changed, then send the queued replies."""
+        if self.dirty:
+            state = {"count": self.count, "current_step": self.solver.current_step}
+
+            def extra(pipe):
+                pipe.hset(self.store.key("state"), mapping=state)
+            self.store.put_blobs("W", self.weights, version=self.count, extra=extra)
+            self.dirty = False
+        for worker, message in self.replies:
+            self.store.send(self.store.key("go", worker), message)
+        self.replies = []
+
+    # --- what the modes call -----------------------------------------------------------------------------------
+
+    def reply(self, worker, status):
+        member = self.members.get(worker)
+        message = {"status": status, "iter": self.count, "epoch": self.epoch}
+        if member is not None and member.last_round is not None:
+            message["round"] = member.last_round
+        self.replies.append((worker, message))
+
+    def read_result(self, worker):
+        return self.store.get_blobs("x", self.shapes, owner=worker, out=self.scratch)[0]
+
+    def add_to_weights(self, arrays, scale):
+        scale = np.float32(scale)
+        for w, a in zip(self.weights, arrays):
+            if scale == 1:
+                w += a
+            else:
+                w += scale * a
+        self.dirty = True
+
+    def apply_gradients(self, gradients):
+        for blob, g in zip(self.net.learnable_params, gradients):
+            blob.diff[...] = g
+        self.solver.iter = self.count
+        self.solver.apply_update()
+        self.dirty = True
+        if (self.count + 1) % HISTORY_EVERY == 0:
+            self._save_history()
+
+    def merged(self, messages):
+        self.count += 1
+        self.merged_since_display += 1
+        self.losses.append(float(np.mean([m.get("loss", 0.0) for m in messages])))
+        self.losses = self.losses[-max(1, self.param.average_loss):]
+        self._after_merge()
+
+    def dropped(self, message):
+        self.dropped_count += 1
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+
+    def publish(self):
+        s = self.store
+        self.epoch = int(s.call(s.control.hincrby, s.key("job"), "epoch", 1))
+        s.call(s.control.hset, s.key("job"), mapping={"spec": json.dumps(self.spec), "state": "running"})
+        s.call(s.control.delete, s.key("inbox"))
+        s.heartbeat("master", self.heartbeat_s)
+        self._flush()
+        if self.resume:
+            self._reset_live_workers()
+
+    def _reset_live_workers(self):
+        """After a restart: the workers still beating get a reset (they pull W and go on) and are members again."""
+        s = self.store
+        known = {k.decode(): json.loads(v) for k, v in s.call(s.control.hgetall, s.key("workers")).items()}
+        ids = sorted(known, key=int)
+        for worker, alive in zip(ids, s.alive(["hb:%s" % w for w in ids])):
+            if alive:
+                member = Member(worker, int(known[worker].get("slot", 0)), known[worker])
+                member.ready = True
+                self.members[worker] = member
+        if self.members:
+            log.info("Resumed with %d live worker(s): %s", len(self.members), ", ".join(self.members))
+            self.started = True
+            self.rule.start(list(self.members))
+            self.replies = [(w, dict(m, status="reset")) for w, m in self.replies]
+            self._flush()
+
+    def run(self):
+        """Serve until max_iter merges (or a stop request); then test, snapshot, stop the workers, clean up."""
+        previous = signal.signal(signal.SIGINT, self._request_stop)
+        self.publish()
+        log.info("Job %s: mode %s, waiting for %d worker(s)", self.job, self.mode_name, self.workers_wanted)
+        try:
+            self._serve()
+        except StoreError as exc:
+            # Redis is gone (or the job with it): keep W on disk, so that no merge is lost.
+            model, state = self._snapshot(files_only=True)
+            raise StoreError("%s; the weights at merge %d are in %s (continue with `dist_caffe master --snapshot "
+                             "%s`)" % (exc, self.count, model, state)) from None
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return self.summary()
+
+    def _serve(self):
+        inbox, last_housekeeping = self.store.key("inbox"), 0.0
+        while self.count < self.param.max_iter and not self.stop_requested:
+            message, batch = self.store.receive(inbox, POLL_S), []
+            while message is not None and len(batch) < 64:
+                batch.append(message)
+                message = self.store.receive(inbox, 0)
+            for message in batch:
+                self._handle(message)
+                if self.count >= self.param.max_iter:
+                    break
+            self._flush()
+            if time.monotonic() - last_housekeeping > 0.25:
+                self._housekeeping()
+                last_housekeeping = time.monotonic()
+        self._finish()
+
+    def _request_stop(self, number, frame):
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        log.info("Stop requested: finishing (snapshot, test, stopping the workers)")
+        self.stop_requested = True
+
+    def _handle(self, message):
+        kind, worker = message.get("type"), str(message.get("worker"))
+        if kind == "join":
+            self._join(worker, message)
+        elif kind == "ready":
+            member = self.pending.pop(worker, None)
+            if member is None:
+                return
+            member.ready = True
+            self.members[worker] = member
+            if self.started:
+                log.info("Worker %s joined the running job", worker)
+                self.rule.on_join(worker)
+            elif len(self.members) >= self.workers_wanted:
+                self._start()
+        elif kind == "result":
+            self._result(worker, message)
+        elif kind == "leave":
+            self._lost(worker, "left")
+
+    def _join(self, worker, message):
+        taken = {m.slot for m in list(self.members.values()) + list(self.pending.values())}
+        slot = next(i for i in range(len(taken) + 1) if i not in taken)
+        info = {"host": str(message.get("host", "?"))[:200], "pid": int(message.get("pid", 0)), "slot": slot}
+        self.pending[worker] = Member(worker, slot, info)
+        self.store.call(self.store.control.hset, self.store.key("workers"), worker, json.dumps(info))
+        self.store.send(self.store.key("go", worker), {"status": "slot", "slot": slot,
+                                                       "shards": self.workers_wanted, "epoch": self.epoch})
+        log.info("Worker %s joined from %s (pid %s): data shard %d of %d", worker, info["host"], info["pid"],
+                 slot % self.workers_wanted, self.workers_wanted)
+
+    def _start(self):
+        self.started = True
+        self.started_at = self.display_at = time.monotonic()
+        log.info("Starting: %d worker(s), mode %s, %s", len(self.members), self.mode_name,
+                 ", ".join("%s=%s" % kv for kv in sorted(self.options.items())))
+        if self.param.test_interval and self.param.test_initialization and self.count == 0:
+            self._test()
+        self.rule.start(sorted(self.members, key=int))
+
+    def _result(self, worker, message):
+        member = self.members.get(worker)
+        if member is None:
+            # Counted out (no heartbeat) or unknown: it must not go on with stale weights.
+            self.store.send(self.store.key("go", worker), {"status": "stop", "reason": "not a member of the job"})
+            return
+        if int(message.get("epoch", -1)) != self.epoch:
+            return
+        key = (worker, message.get("round"))
+        if key in self.seen:
+            return                              # a notice sent twice by a retry
+        self.seen.add(key)
+        member.last_round = message.get("round")
+        member.rounds += 1
+        member.images += int(message.get("images", 0))
+        member.compute_s += float(message.get("compute_s", 0.0))
+        member.wait_s += float(message.get("wait_s", 0.0))
+        member.last_seen = time.monotonic()
+        self.rule.on_result(worker, message)
+
+    def _lost(self, worker, why):
+        if self.pending.pop(worker, None) is not None:
+            return
+        if self.members.pop(worker, None) is None:
+            return
+        if why != "left":
+            log.warning("Worker %s %s; going on with %d worker(s)", worker, why, len(self.members))
+        self.rule.on_lost(worker)
+
+    def _housekeeping(self):
+        if self.store.get_field(self.store.key("job"), "state") is None:
+            raise StoreError("job %s is gone from Redis (the server restarted, or the keys were removed)" % self.job)
+        self.store.heartbeat("master", self.heartbeat_s)
+        ids = list(self.members) + list(self.pending)
+        for worker, alive in zip(ids, self.store.alive(["hb:%s" % w for w in ids])):
+            if not alive:
+                self._lost(worker, "has no heartbeat for %g s" % self.heartbeat_s)
+        if not self.started and time.monotonic() - self.started_at > self.join_timeout_s:
+            if not self.members:
+                raise StoreError("job %s: no worker joined within %.0f s" % (self.job, self.join_timeout_s))
+            log.warning("Only %d of %d worker(s) after %.0f s; starting with them", len(self.members),
+                        self.workers_wanted, self.join_timeout_s)
+            self._start()
+        self._flush()
+        self.store.call(self.store.control.hset, self.store.key("stats"), "progress", json.dumps(self.progress()))
+
+    # --- display, tests, snapshots -----------------------------------------------------------------------------
+
+    def _after_merge(self):
+        p = self.param
+        if p.display and self.count % p.display == 0:
+            now = time.monotonic()
+            lapse = now - self.display_at
+            log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.count,
+                     _fmt(self.merged_since_display / (lapse or 1)), _fmt(lapse), p.display,
+                     _fmt(np.float32(np.mean(self.losses))))
+            log.info("Workers: %s", self.rates_text())
+            self.display_at, self.merged_since_display = now, 0
+        if p.test_interval and self.count % p.test_interval == 0 and self.count < p.max_iter:
+            self._flush()
+            self._test()
+        if p.snapshot and self.count % p.snapshot == 0:
+            self._snapshot()
+
+    def _test(self):
+        self.solver.iter = self.count
+        for i in range(len(self.solver.test_nets)):
+            self.solver.test(i)
+            self.test_results.append({"iter": self.count, "time_s": time.monotonic() - self.started_at,
+                                      "net": i, "scores": dict(self.solver.test_scores[i])})
+
+    def _snapshot(self, files_only=False):
+        self.solver.iter = self.count
+        model, state = self.solver.snapshot()
+        if self.mode_name == "gradient-only" and not files_only:
+            self._save_history()
+        return model, state
+
+    def _finish(self):
+        p = self.param
+        stopped_early = self.count < p.max_iter
+        self._flush()
+        if p.snapshot_after_train and (not p.snapshot or self.count % p.snapshot != 0):
+            self._snapshot()
+        if self.solver.test_nets and not stopped_early:
+            self._test()
+        log.info("Optimization %s after %d merges.", "stopped" if stopped_early else "Done", self.count)
+        s = self.store
+        s.call(s.control.hset, s.key("job"), "state", "done")
+        for worker in list(self.members) + list(self.pending):
+            s.send(s.key("go", worker), {"status": "stop"})
+        self._wait_for_workers_to_leave()
+        log.info("Workers: %s", self.rates_text())
+        if self.stats_path:
+            with open(self.stats_path, "w") as f:
+                json.dump(self.summary(), f, indent=1)
+        if self.keep:
+            log.info("Keeping the job's keys on Redis (job %s)", self.job)
+        else:
+            s.remove_job()
+
+    def _wait_for_workers_to_leave(self, wait_s=10.0):
+        deadline = time.monotonic() + wait_s
+        ids = list(self.members) + list(self.pending)
+        while ids and time.monotonic() < deadline:
+            ids = [w for w, alive in zip(ids, self.store.alive(["hb:%s" % w for w in ids])) if alive]
+            time.sleep(0.05)
+
+    # --- reporting -----------------------------------------------------------------------------------------------
+
+    def exchange_share(self):
+        compute = sum(m.compute_s for m in self.members.values())
+        wait = sum(m.wait_s for m in self.members.values())
+        return wait / (compute + wait) if compute + wait else 0.0
+
+    def rates_text(self):
+        now = time.monotonic()
+        parts = ["%s %.0f img/s" % (m.id, m.images / max(1e-9, now - max(m.first_seen, self.started_at)))
+                 for m in sorted(self.members.values(), key=lambda m: int(m.id))]
+        return "%s; exchange %.1f%% of a round" % (", ".join(parts) or "none", 100 * self.exchange_share())
+
+    def progress(self):
+        now = time.monotonic()
+        return {"job": self.job, "mode": self.mode_name, "count": self.count, "max_iter": self.param.max_iter,
+                "loss": float(np.mean(self.losses)) if self.losses else None, "started": self.started,
+                "elapsed_s": now - self.started_at, "exchange_share": self.exchange_share(),
+                "workers": {m.id: m.images / max(1e-9, now - max(m.first_seen, self.started_at))
+                            for m in self.members.values()},
+                "test": self.test_results[-1] if self.test_results else None}
+
+    def summary(self):
+        images = sum(m.images for m in self.members.values())
+        elapsed = time.monotonic() - self.started_at
+        return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
+                    dropped=self.dropped_count, tests=self.test_results)
+
+
+def _history_sets(solver):
+    """The master solver's history as lists of arrays, one list per history set (momentum; Adam's two)."""
+    n = len(solver.net.learnable_params)
+    return [solver.history[k:k + n] for k in range(0, len(solver.history), n)]
+
+
+def _check_options(mode, options):
+    if int(options["tau"]) < 1:
+        raise StoreError("--tau must be at least 1, got %s" % options["tau"])
+    if mode == "gradient-only" and int(options["tau"]) != 1:
+        raise StoreError("gradient-only workers push the gradient of one minibatch per round: --tau must be 1")
+    if mode == "weed-out" and int(options["weedout"]) < 1:
+        raise StoreError("weed-out needs --weedout N (N >= 1: a result merges if its worker is among the last N "
+                         "to report)")
+    if mode == "partial-sync" and int(options["max_advance"]) < 0:
+        raise StoreError("--max-advance must be >= 0, got %s" % options["max_advance"])
+    if mode == "easgd" and not 0 < float(options["moving_rate"]) <= 1:
+        raise StoreError("--moving-rate must be in (0, 1], got %s" % options["moving_rate"])
+    if float(options["factor"]) <= 0:
+        raise StoreError("--factor must be positive, got %s" % options["factor"])

@@ -1,0 +1,44 @@
+"""Partially synchronous SGD with true bounded staleness (`--max-advance s`): results merge as in async, but a
+worker may start round k only while k - (rounds completed by the slowest live worker) <= s. Only a worker that
+is too far ahead waits, and only until the slowest catches up; SpeeDO instead stopped everybody at a global
+barrier whenever the spread reached s. The reply to round r allows round r + 1 + depth (depth 1 overlaps an
+exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on)."""
+from .base import DeltaWorker as Worker, Rule  # noqa: F401  (the worker side of this mode)
+
+
+class Master(Rule):
+    def __init__(self, master, options):
+        super().__init__(master, options)
+        self.max_advance = int(options.get("max_advance", 1))
+        self.depth = 1 if self.max_advance >= 1 and options.get("overlap") is not False else 0
+        self.completed, self.held = {}, []
+
+    def start(self, workers):
+        for w in workers:
+            self.completed[w] = 0
+        super().start(workers)
+
+    def on_join(self, worker):
+        # A newcomer counts as level with the fastest, so that it does not hold the others back.
+        self.completed[worker] = max(self.completed.values(), default=0)
+        self.master.reply(worker, "welcome")
+
+    def on_lost(self, worker):
+        self.completed.pop(worker, None)
+        if worker in self.held:
+            self.held.remove(worker)
+        self._release()
+
+    def on_result(self, worker, message):
+        self.master.add_to_weights(self.master.read_result(worker), 1.0)
+        self.master.merged([message])
+        self.completed[worker] = self.completed.get(worker, 0) + 1
+        self.held.append(worker)
+        self._release()
+
+    def _release(self):
+        slowest = min(self.completed.values(), default=0)
+        for w in list(self.held):
+            if self.completed[w] + self.depth - slowest <= self.max_advance:
+                self.held.remove(w)
+                self.master.reply(w, "merged")

@@ -1,0 +1,67 @@
+"""Synchronous SGD: a barrier per round; W += the mean of the deltas of the workers that delivered. A worker
+that stops beating its heart is left out of the round after the heartbeat timeout (and the log says so); one
+that joins takes part from the next round. The mean is over the deltas that arrived (SpeeDO divided by the
+number of workers even when some were missing). Overlapped (the default), a worker computes round r+1 from the
+W of round r-1 plus its own delta of round r while the barrier of round r closes: W itself only moves by the
+barrier's mean, and the workers are at most one round behind it; `--no-overlap` waits at every barrier."""
+import numpy as np
+
+from .base import DeltaWorker as Worker, Rule  # noqa: F401  (the worker side of this mode)
+
+
+class Master(Rule):
+    def __init__(self, master, options):
+        super().__init__(master, options)
+        self.waiting, self.delivered, self.joining = set(), [], []
+        self.total, self.messages = None, []
+
+    def start(self, workers):
+        self._open_round(workers)
+        for w in workers:
+            self.master.reply(w, "welcome")
+
+    def _open_round(self, workers):
+        self.waiting, self.delivered, self.messages, self.total = set(workers), [], [], None
+
+    def on_join(self, worker):
+        if not self.waiting and not self.delivered:
+            self.waiting.add(worker)
+            self.master.reply(worker, "welcome")
+        else:
+            self.joining.append(worker)
+
+    def on_lost(self, worker):
+        if worker in self.joining:
+            self.joining.remove(worker)
+        if worker in self.waiting:
+            self.waiting.discard(worker)
+            self.master.log.warning("Synchronous round: worker %s is gone; the round goes on with %d worker(s)",
+                                    worker, len(self.delivered) + len(self.waiting))
+            self._maybe_close()
+
+    def on_result(self, worker, message):
+        if worker not in self.waiting:
+            return
+        delta = self.master.read_result(worker)
+        if self.total is None:
+            self.total = [np.array(d, dtype=np.float32) for d in delta]
+        else:
+            for t, d in zip(self.total, delta):
+                t += d
+        self.waiting.discard(worker)
+        self.delivered.append(worker)
+        self.messages.append(message)
+        self._maybe_close()
+
+    def _maybe_close(self):
+        if self.waiting:
+            return
+        if self.delivered:
+            self.master.add_to_weights(self.total, 1.0 / len(self.delivered))
+            self.master.merged(self.messages)
+        everyone = self.delivered + self.joining
+        self.joining = []
+        status = {w: "merged" for w in self.delivered}
+        self._open_round(everyone)
+        for w in everyone:
+            self.master.reply(w, status.get(w, "welcome"))

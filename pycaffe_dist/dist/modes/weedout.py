@@ -1,0 +1,43 @@
+"""Weed-out SGD (`--weedout n`): a result merges (as in async) only if its worker's previous completion is among
+the last N completions, N = max(n, live workers); otherwise it is dropped and the worker starts again from W.
+A straggler's stale work is thrown away instead of pulling W back."""
+from collections import deque
+
+from .base import DeltaWorker as Worker, Rule  # noqa: F401  (the worker side of this mode)
+
+
+class Master(Rule):
+    def __init__(self, master, options):
+        super().__init__(master, options)
+        self.n = int(options.get("weedout", 0))
+        self.recent = deque()
+        self.live = set()
+
+    def _window(self):
+        return max(self.n, len(self.live))
+
+    def start(self, workers):
+        self.live.update(workers)
+        super().start(workers)
+
+    def on_join(self, worker):
+        self.live.add(worker)
+        self.recent.appendleft(worker)      # as SpeeDO: the newcomer enters as the oldest completion
+        self.master.reply(worker, "welcome")
+
+    def on_lost(self, worker):
+        self.live.discard(worker)
+        self.recent = deque(w for w in self.recent if w != worker)
+
+    def on_result(self, worker, message):
+        accept = len(self.recent) < self._window() or worker in self.recent
+        self.recent.append(worker)
+        while len(self.recent) > self._window():
+            self.recent.popleft()
+        if accept:
+            self.master.add_to_weights(self.master.read_result(worker), 1.0)
+            self.master.merged([message])
+            self.master.reply(worker, "merged")
+        else:
+            self.master.dropped(message)
+            self.master.reply(worker, "dropped")

