@@ -231,7 +231,8 @@ def cmd_master(args):
                     resume=args.resume, snapshot=args.snapshot, weights=args.weights, threads=args.threads or 1,
                     heartbeat_s=args.heartbeat, join_timeout_s=args.join_timeout, keep=args.keep,
                     max_iter=args.iterations, stats_path=args.stats, retry_s=args.redis_retry)
-    print("job %s on %s" % (master.job, master.store.urls[0].split("@")[-1]), file=sys.stderr, flush=True)
+    from .dist.store import describe
+    print("job %s on %s" % (master.job, describe(master.store.urls[0])), file=sys.stderr, flush=True)
     master.run()
     return 0
 

@@ -22,7 +22,7 @@ from .. import common
 from ..errors import StoreError
 from ..io.load import read_solver
 from ..solver import snapshot as snapshots
-from ..solver.solver import Solver, _fmt, output_values  # noqa: F401  (output_values: tests of this module)
+from ..solver.solver import Solver, _fmt
 from . import job as jobs
 from .modes import MODES
 from .store import Store

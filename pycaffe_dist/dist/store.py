@@ -164,13 +164,15 @@ class Store:
         np.frombuffer(buffer, "<f4", offset=HEADER).reshape(array.shape)[...] = array
         return view
 
+    def _by_server(self, count):
+        """(server, blob indices) pairs: blob i lives on server i mod the number of servers."""
+        n = len(self.clients)
+        return [(server, list(range(server, count, n))) for server in range(min(n, count))]
+
     def put_blobs(self, kind, arrays, version=0, owner=None, extra=None):
         """Write float32 arrays as blobs `kind` (of `owner`), atomically per server; `extra(pipe)` may queue more
         commands on the first server's transaction (a version bump, a state update)."""
-        groups = {}
-        for i in range(len(arrays)):
-            groups.setdefault(i % len(self.clients), []).append(i)
-        for server, indices in groups.items():
+        for server, indices in self._by_server(len(arrays)):
             def write(indices=indices, server=server):
                 pipe = self.clients[server].pipeline(transaction=True)
                 for i in indices:
@@ -185,12 +187,9 @@ class Store:
         (None, None) when they are absent and missing_ok. Each read is bounded by the expected size and checked;
         with several servers, a torn read (blobs of different versions) is read again."""
         sizes = [HEADER + 4 * int(np.prod(s, dtype=np.int64)) for s in shapes]
-        for attempt in range(50):
+        for _ in range(50):
             values = [None] * len(shapes)
-            groups = {}
-            for i in range(len(shapes)):
-                groups.setdefault(i % len(self.clients), []).append(i)
-            for server, indices in groups.items():
+            for server, indices in self._by_server(len(shapes)):
                 def read(indices=indices, server=server):
                     pipe = self.clients[server].pipeline(transaction=True)
                     for i in indices:

@@ -20,10 +20,10 @@ import numpy as np
 
 from .. import common
 from ..errors import StoreError
+from ..solver.solver import images_per_iteration
 from . import job as jobs
 from .modes import MODES
 from .store import Store
-from ..solver.solver import images_per_iteration
 
 log = logging.getLogger("pycaffe_dist.dist")
 POLL_S = 1.0
