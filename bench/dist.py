@@ -23,7 +23,8 @@ time over the 1-process run's. A snapshot whose test loss is not finite counts a
 make Caffe's Accuracy layer count every image as right). images/s: for distributed runs the master's
 `images_per_s` (--stats: images the workers computed / seconds since they joined); for the 1-process run, images
 between its first and last snapshots over the seconds between them. "exchange %" is the master's `exchange_share`:
-the part of the workers' rounds not spent computing (pushing, pulling, waiting on Redis and on the master).
+the part of the workers' rounds spent blocked on the exchange (push, the master's merge and reply, pull of W) that
+the overlap with the next round did not hide.
 Targets (the issue): the best distributed run reaches 0.85 in <= 0.7 x the 1-process time, and every mode's
 tau = 1 run spends < 10 % of a round exchanging. Writes --plot (test accuracy against wall seconds, every run) and
 its .json (the raw results) next to it.

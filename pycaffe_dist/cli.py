@@ -250,6 +250,13 @@ def cmd_worker(args):
     return 0
 
 
+def cmd_status(args):
+    """A distributed job's members, rates, global iteration, last test and snapshots, read from Redis."""
+    from .dist.status import show
+    print(show(args.redis, args.job, as_json=args.json, remove=args.remove))
+    return 0
+
+
 def _add_mode_options(p):
     p.add_argument("--tau", type=int, help="local solver steps per round (default 1)")
     p.add_argument("--factor", type=float, help="async: W += delta / FACTOR (default 1)")
@@ -440,6 +447,14 @@ def build_parser():
     p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
                    "giving up (default 30)")
     p.set_defaults(func=cmd_worker)
+
+    p = verbs.add_parser("status", help="a distributed job's workers, rates, iteration, last test and snapshots")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s)")
+    p.add_argument("--job", help="the job (default: every job on the server)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--remove", action="store_true", help="then delete the job's keys (after a job that did not end "
+                   "cleanly)")
+    p.set_defaults(func=cmd_status)
 
     p = verbs.add_parser("test", help="score a trained net on its TEST phase (caffe test)")
     p.add_argument("--model", required=True, help="net prototxt")

@@ -92,7 +92,7 @@ class Master:
         self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
         self.seen = set()
         self.started_at = self.display_at = time.monotonic()
-        self.test_results = []
+        self.test_results, self.snapshots = [], []
         if resume or snapshot:
             self._restore(snapshot)
         self.spec = jobs.make_spec(param, mode, options, self.names, self.shapes, self.heartbeat_s,
@@ -368,6 +368,7 @@ class Master:
     def _snapshot(self, files_only=False):
         self.solver.iter = self.count
         model, state = self.solver.snapshot()
+        self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
         if self.mode_name == "gradient-only" and not files_only:
             self._save_history()
         return model, state
@@ -422,7 +423,7 @@ class Master:
                 "elapsed_s": now - self.started_at, "exchange_share": self.exchange_share(),
                 "workers": {m.id: m.images / max(1e-9, now - max(m.first_seen, self.started_at))
                             for m in self.members.values()},
-                "test": self.test_results[-1] if self.test_results else None}
+                "test": self.test_results[-1] if self.test_results else None, "snapshots": self.snapshots}
 
     def summary(self):
         images = sum(m.images for m in self.members.values())

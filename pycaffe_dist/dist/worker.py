@@ -216,25 +216,29 @@ class Worker:
         with depth 1 it is that of the round before the one that just ended, whose exchange was in flight."""
         depth, options = int(self.spec.get("depth", 1)), self.spec["options"]
         start, iteration = outcome.pulled, outcome.iteration
-        in_flight, round_id, wait_s = None, 0, 0.0
+        in_flight, round_id = None, 0
+        # A round runs from one submit to the next; `blocked` is the part of it spent waiting on the exchange.
+        last_submit, blocked = time.perf_counter(), 0.0
         while True:
-            began = time.perf_counter()
             x_end, gradients, loss = self._compute(solver, start, iteration)
-            computed = time.perf_counter()
             if in_flight is not None:
+                waited = time.perf_counter()
                 outcome = in_flight.result()
+                blocked += time.perf_counter() - waited
             result = self.mode.result(start, x_end, gradients, outcome.pulled, options)
-            info = {"loss": loss, "images": images, "compute_s": computed - began, "wait_s": wait_s}
+            now = time.perf_counter()
+            info = {"loss": loss, "images": images, "compute_s": now - last_submit - blocked, "wait_s": blocked}
             future = exchange.submit(self._exchange, round_id, result, info)
+            last_submit, blocked = now, 0.0
             in_flight = future if depth else None
             if not depth:
                 outcome = future.result()
+                blocked = time.perf_counter() - now
             start = self.mode.next_start(outcome.status, outcome.pulled, x_end, result, in_flight is not None)
             # With this round's result in flight, the reply's merge count is one round short.
             iteration = outcome.iteration + (self.tau if in_flight is not None else 0)
             self.stats["rounds"] += 1
             self.stats["images"] += images
-            wait_s = time.perf_counter() - computed
             round_id += 1
 
     def _leave(self):

@@ -1,0 +1,74 @@
+"""`dist_caffe status`: what an operator checks after a deployment, read from Redis: the job's mode and state, the
+global iteration (merges), each worker (host, pid, data shard, alive or not, images/s), the last test scores and
+the snapshots the master wrote. Without --job, every job on the server, one line each."""
+import json
+
+from ..errors import StoreError
+from .store import Store, connect
+
+
+def job_status(store):
+    """A dict describing one job (None if the job is not on the server)."""
+    spec = store.job_spec()
+    if spec is None:
+        return None
+    state = store.get_field(store.key("job"), "state")
+    progress = store.get_field(store.key("stats"), "progress")
+    progress = json.loads(progress) if progress else {}
+    members = {k.decode(): json.loads(v)
+               for k, v in store.call(store.control.hgetall, store.key("workers")).items()}
+    ids = sorted(members, key=int)
+    alive = dict(zip(ids, store.alive(["hb:%s" % w for w in ids])))
+    rates = progress.get("workers", {})
+    workers = [dict(members[w], id=w, alive=alive[w], images_per_s=rates.get(w)) for w in ids]
+    return {"job": store.job, "mode": spec["mode"], "options": spec["options"], "workers_wanted": spec["workers"],
+            "state": state.decode() if state else None, "master_alive": store.alive(["master"])[0],
+            "count": progress.get("count", 0), "max_iter": progress.get("max_iter"),
+            "loss": progress.get("loss"), "exchange_share": progress.get("exchange_share"),
+            "test": progress.get("test"), "snapshots": progress.get("snapshots", []), "workers": workers}
+
+
+def format_status(status):
+    lines = ["job %s: mode %s, %s, master %s" % (status["job"], status["mode"], status["state"],
+                                                 "alive" if status["master_alive"] else "not seen"),
+             "  iteration (merges): %s / %s, loss %s, exchange %s" % (
+                 status["count"], status["max_iter"], _number(status["loss"]),
+                 "-" if status["exchange_share"] is None else "%.1f%% of a round" % (100 * status["exchange_share"]))]
+    test = status["test"]
+    if test:
+        scores = ", ".join("%s = %.4g" % kv for kv in sorted(test["scores"].items()))
+        lines.append("  last test (merge %d): %s" % (test["iter"], scores))
+    lines.append("  workers (%d of %d wanted):" % (sum(w["alive"] for w in status["workers"]),
+                                                   status["workers_wanted"]))
+    for w in status["workers"]:
+        rate = "-" if w["images_per_s"] is None else "%.0f img/s" % w["images_per_s"]
+        lines.append("    %s  %s pid %s  shard %s  %s  %s" % (w["id"], w.get("host", "?"), w.get("pid", "?"),
+                                                            w.get("slot", "?"), "alive" if w["alive"] else "gone",
+                                                            rate))
+    lines.append("  snapshots: %s" % (", ".join(status["snapshots"]) or "none yet"))
+    return "\n".join(lines)
+
+
+def _number(x):
+    return "-" if x is None else "%.4g" % x
+
+
+def show(urls, job=None, as_json=False, remove=False):
+    """The text (or JSON) of `dist_caffe status`; with remove, delete the job's keys afterwards."""
+    first = urls.split(",")[0]
+    jobs = [job] if job else Store.job_ids(connect(first))
+    if not jobs:
+        return "no jobs on %s" % first.split("@")[-1]
+    statuses = []
+    for j in jobs:
+        store = Store(urls, j)
+        status = job_status(store)
+        if status is None:
+            raise StoreError("job %s is not on this Redis (jobs there: %s)"
+                             % (j, ", ".join(Store.job_ids(store.control)) or "none"))
+        statuses.append(status)
+        if remove:
+            store.remove_job()
+    if as_json:
+        return json.dumps(statuses if not job else statuses[0], indent=1)
+    return "\n".join(format_status(s) for s in statuses) + ("\n(keys removed)" if remove else "")
