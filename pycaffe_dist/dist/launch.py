@@ -152,16 +152,18 @@ def run_local(master_args, worker_args, workers, redis_url=None, worker_threads=
 
 
 def _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store):
+    """Wait for the master, showing progress. The first Ctrl-C asks the master to stop cleanly (it snapshots, tests
+    and stops its workers); a second one, or a master that takes longer than stop_timeout_s, ends everything."""
     master = children[0]
-    interrupted = []
-    previous = signal.signal(signal.SIGINT, lambda n, f: interrupted.append(time.monotonic()))
-    store = None
+    interrupts = []
+    previous = signal.signal(signal.SIGINT, lambda n, f: interrupts.append(time.monotonic()))
+    store, forwarded = None, False
     try:
         while master.process.poll() is None:
-            if interrupted and len(interrupted) == 1:
-                master.signal(signal.SIGINT)        # the master snapshots, tests and stops its workers
-                interrupted.append(time.monotonic())
-            elif len(interrupted) > 2 or (interrupted and time.monotonic() - interrupted[0] > stop_timeout_s):
+            if interrupts and not forwarded:
+                master.signal(signal.SIGINT)
+                forwarded = True
+            if len(interrupts) > 1 or (interrupts and time.monotonic() - interrupts[0] > stop_timeout_s):
                 log.warning("stopping every process now")
                 return 130
             if progress is not None:
@@ -175,7 +177,7 @@ def _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store):
         for child in children[1:]:
             while child.process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-        return 130 if interrupted and code == 0 else code
+        return 130 if interrupts and code == 0 else code
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -275,6 +275,8 @@ class Master:
             self._lost(worker, "left")
 
     def _join(self, worker, message):
+        if worker in self.members:              # joining again (it saw a restart): it starts afresh
+            self._lost(worker, "joined again")
         taken = {m.slot for m in list(self.members.values()) + list(self.pending.values())}
         slot = next(i for i in range(len(taken) + 1) if i not in taken)
         info = {"host": str(message.get("host", "?"))[:200], "pid": int(message.get("pid", 0)), "slot": slot}
