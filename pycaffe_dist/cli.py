@@ -193,19 +193,8 @@ def cmd_train_distributed(args):
         master.append("--keep")
     if args.overlap is not None:
         master.append("--overlap" if args.overlap else "--no-overlap")
-    terminal = sys.stderr.isatty()
-    handler = training_log.TerminalHandler(sys.stderr) if terminal else None
-
-    def sink(line):
-        if handler is not None:
-            handler.acquire()
-            try:
-                handler.stream.write("\r\x1b[K" + line + "\n" + handler.status)
-                handler.flush()
-            finally:
-                handler.release()
-        else:
-            print(line, file=sys.stderr, flush=True)
+    handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
+    sink = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
     progress = training_log.DistributedProgress(handler) if handler is not None else None
     try:
         code = launch.run_local(master, [], args.workers, redis_url=args.redis, worker_threads=args.threads or 1,
@@ -396,7 +385,8 @@ def build_parser():
     p.add_argument("--iterations", type=int, help="train to this iteration (overrides the solver's max_iter)")
     p.add_argument("--level", type=int, default=0, help="train_state level")
     p.add_argument("--stage", action="append", default=[], help="a train_state stage (repeatable)")
-    p.add_argument("--threads", type=int, help="CPU threads (BLAS and kernels); default: all cores")
+    p.add_argument("--threads", type=int, help="CPU threads (BLAS and kernels); default: all cores (with --workers: "
+                   "threads of each worker, default 1)")
     p.add_argument("--sigint_effect", type=_signal_effect, default="stop",
                    help="on SIGINT (Ctrl-C): stop (default; snapshot_after_train still snapshots), snapshot "
                         "(and train on) or none")

@@ -35,10 +35,18 @@ class TerminalHandler(logging.StreamHandler):
 
     def emit(self, record):
         try:
-            self.stream.write("\r\x1b[K" + self.format(record) + "\n" + self.status)
-            self.flush()
+            self.write_line(self.format(record))
         except Exception:
             self.handleError(record)
+
+    def write_line(self, line):
+        """A line above the progress line (which is drawn again under it)."""
+        self.acquire()
+        try:
+            self.stream.write("\r\x1b[K" + line + "\n" + self.status)
+            self.flush()
+        finally:
+            self.release()
 
     def set_status(self, text):
         self.acquire()
