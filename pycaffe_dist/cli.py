@@ -197,7 +197,7 @@ def cmd_train_distributed(args):
     sink = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
     progress = training_log.DistributedProgress(handler) if handler is not None else None
     try:
-        code = launch.run_local(master, [], args.workers, redis_url=args.redis, worker_threads=args.threads or 1,
+        code = launch.run_local(master, args.workers, redis_url=args.redis, worker_threads=args.threads or 1,
                                 job=args.job, progress=progress, sink=sink)
     finally:
         if handler is not None:

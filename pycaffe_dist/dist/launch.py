@@ -117,10 +117,10 @@ class Child:
                 pass
 
 
-def run_local(master_args, worker_args, workers, redis_url=None, worker_threads=1, job=None, progress=None,
+def run_local(master_args, workers, redis_url=None, worker_threads=1, job=None, progress=None,
               sink=None, stop_timeout_s=60.0):
     """Run a master and `workers` workers on this machine; returns the master's exit code. `master_args` and
-    `worker_args` are the verbs' extra command-line arguments; `progress(stats)` is called about twice a second."""
+    `master_args` are the master's extra command-line arguments; `progress(stats)` is called about twice a second."""
     from .job import new_job_id
     from .store import Store
     sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -138,9 +138,11 @@ def run_local(master_args, worker_args, workers, redis_url=None, worker_threads=
                               env, sink))
         for i in range(workers):
             children.append(Child("worker %d" % i, python + ["worker", "--redis", redis_url, "--job", job, "--id",
-                                                             str(i), "--threads", str(worker_threads)] + worker_args,
+                                                             str(i), "--threads", str(worker_threads)],
                                   env, sink))
-        return _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store)
+        # The launcher watches the job itself (the progress line); the private server's password is in its URL.
+        watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url
+        return _supervise(children, watch_url, job, progress, stop_timeout_s, Store)
     finally:
         for child in children:
             child.signal(signal.SIGKILL)
@@ -151,7 +153,7 @@ def run_local(master_args, worker_args, workers, redis_url=None, worker_threads=
             server.stop()
 
 
-def _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store):
+def _supervise(children, watch_url, job, progress, stop_timeout_s, Store):
     """Wait for the master, showing progress. The first Ctrl-C asks the master to stop cleanly (it snapshots, tests
     and stops its workers); a second one, or a master that takes longer than stop_timeout_s, ends everything."""
     master = children[0]
@@ -167,7 +169,7 @@ def _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store):
                 log.warning("stopping every process now")
                 return 130
             if progress is not None:
-                store = store or _connect(Store, redis_url, job, env)
+                store = store or _connect(Store, watch_url, job)
                 stats = _read_progress(store)
                 if stats is not None:
                     progress(stats)
@@ -182,20 +184,12 @@ def _supervise(children, redis_url, job, env, progress, stop_timeout_s, Store):
         signal.signal(signal.SIGINT, previous)
 
 
-def _connect(Store, url, job, env):
-    password = env.get(PASSWORD_ENV)
-    saved = os.environ.get(PASSWORD_ENV)
-    if password:
-        os.environ[PASSWORD_ENV] = password
+def _connect(Store, url, job):
+    """The launcher's own view of the job (None while the server does not answer)."""
     try:
         return Store(url, job, retry_s=2)
     except StoreError:
         return None
-    finally:
-        if saved is None:
-            os.environ.pop(PASSWORD_ENV, None)
-        else:
-            os.environ[PASSWORD_ENV] = saved
 
 
 def _read_progress(store):

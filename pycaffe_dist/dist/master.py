@@ -37,9 +37,9 @@ class Member:
         self.id, self.slot, self.info = worker, slot, info
         self.ready = False
         self.last_round = None
-        self.rounds = self.images = 0
+        self.images = 0
         self.compute_s = self.wait_s = 0.0
-        self.first_seen = self.last_seen = time.monotonic()
+        self.first_seen = time.monotonic()
 
 
 class Master:
@@ -309,11 +309,9 @@ class Master:
             return                              # a notice sent twice by a retry
         self.seen.add(key)
         member.last_round = message.get("round")
-        member.rounds += 1
         member.images += int(message.get("images", 0))
         member.compute_s += float(message.get("compute_s", 0.0))
         member.wait_s += float(message.get("wait_s", 0.0))
-        member.last_seen = time.monotonic()
         self.rule.on_result(worker, message)
 
     def _lost(self, worker, why):

@@ -4,7 +4,7 @@ the snapshots the master wrote. Without --job, every job on the server, one line
 import json
 
 from ..errors import StoreError
-from .store import Store, connect
+from .store import Store, connect, describe
 
 
 def job_status(store):
@@ -58,7 +58,7 @@ def show(urls, job=None, as_json=False, remove=False):
     first = urls.split(",")[0]
     jobs = [job] if job else Store.job_ids(connect(first))
     if not jobs:
-        return "no jobs on %s" % first.split("@")[-1]
+        return "no jobs on %s" % describe(first)
     statuses = []
     for j in jobs:
         store = Store(urls, j)

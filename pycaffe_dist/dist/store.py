@@ -113,9 +113,6 @@ class Store:
     def blob_key(self, kind, index, owner=None):
         return self.key(kind, index) if owner is None else self.key(kind, owner, index)
 
-    def shard(self, index):
-        return self.clients[index % len(self.clients)]
-
     @staticmethod
     def job_ids(client):
         """The jobs that have a spec on this server."""
@@ -219,12 +216,6 @@ class Store:
         for a, v in zip(arrays, values):
             a[...] = np.frombuffer(v, "<f4", offset=HEADER).reshape(a.shape)
         return arrays, versions.pop()
-
-    def delete_blobs(self, kind, count, owner=None):
-        for server in range(len(self.clients)):
-            keys = [self.blob_key(kind, i, owner) for i in range(server, count, len(self.clients))]
-            if keys:
-                self.call(self.clients[server].delete, *keys, url=self.urls[server])
 
     # --- control --------------------------------------------------------------------------------------------
 
