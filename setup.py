@@ -7,13 +7,19 @@ The kernels are compiled for the building machine's CPU (-march=native: AVX2/AVX
 package is built where it runs. PYCAFFE_DIST_MARCH sets another target, e.g. x86-64-v2 for a wheel that other
 machines install. -ffp-contract=off keeps a * b + c two roundings, as Caffe's x86-64 build computes it, so
 that FMA does not move results away from Caffe's.
+
+The CUDA kernels (csrc/cuda/*.cu) are built after the extensions by pycaffe_dist/backend/kernel_source.py: always
+for the host (the emulated device of the tests), and with nvcc into fatbins where nvcc is found (set
+PYCAFFE_DIST_NVCC=0 to skip that). Without nvcc the package still installs and computes on the CPU.
 """
+import importlib.util
 import os
 import pathlib
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 CSRC = pathlib.Path(__file__).parent / "csrc"
 only = {s for s in os.environ.get("PYCAFFE_DIST_KERNELS", "").split(",") if s}
@@ -27,5 +33,31 @@ extensions = [
     for pyx in sorted(CSRC.glob("*.pyx")) if not only or pyx.stem in only
 ]
 
+
+
+def _kernel_source():
+    path = pathlib.Path(__file__).parent / "pycaffe_dist" / "backend" / "kernel_source.py"
+    spec = importlib.util.spec_from_file_location("kernel_source", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildWithCudaKernels(build_ext):
+    def run(self):
+        super().run()
+        ks = _kernel_source()
+        out = ks.BUILD_DIR if self.inplace else pathlib.Path(self.build_lib) / "pycaffe_dist" / "_kernels" / "cuda"
+        print("building the CUDA kernels for the host (emulated device) into %s" % out)
+        ks.build_host_library(out / ks.HOST_LIBRARY.name)
+        nvcc = ks.find_nvcc() if os.environ.get("PYCAFFE_DIST_NVCC", "1") != "0" else None
+        if nvcc:
+            print("building the CUDA kernels with %s for sm_%s" % (nvcc, ", sm_".join(map(str, ks.nvcc_archs(nvcc)))))
+            ks.build_fatbins(out, nvcc)
+        else:
+            print("nvcc not found: the CUDA kernels are not built; the package computes on the CPU")
+
+
 setup(ext_modules=cythonize(extensions, language_level=3, compiler_directives={
-    "boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False}))
+    "boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False}),
+      cmdclass={"build_ext": BuildWithCudaKernels})

@@ -1,14 +1,44 @@
-"""Forward+backward time per iteration of LeNet and CIFAR-10 quick: pycaffe-dist against PyTorch CPU.
+"""Forward+backward time per iteration of our nets against PyTorch, on the CPU or (--gpu) on one NVIDIA GPU.
+
+CPU mode measures LeNet and CIFAR-10 quick by default; --gpu measures LeNet, CIFAR-10 quick and AlexNet.
 
     python bench/nets.py [--iterations 30] [--threads 1,2] [--nets lenet,cifar10_quick] [--plot out.png]
+    python bench/nets.py --gpu [--iterations 30] [--nets lenet,cifar10_quick,alexnet] [--plot out.png]
+                         [--gemm-size 8192] [--torch-tf32]
 
-Each measurement runs in its own process (thread settings are fixed at start-up, and peak RSS is per process):
-the same net (bench/nets/*_input.prototxt, TRAIN phase, Input layers with random data and labels), timed as
-the median of `--iterations` forward+backward passes after warm-up passes. PyTorch runs the same layers
+CPU mode. Each measurement runs in its own process (thread settings are fixed at start-up, and peak RSS is per
+process): the same net (bench/nets/*_input.prototxt, TRAIN phase, Input layers with random data and labels), timed
+as the median of `--iterations` forward+backward passes after warm-up passes. PyTorch runs the same layers
 (built from the prototxt) with torch.set_num_threads. The real Caffe's figures on these machines (1 thread,
 from `caffe time`) are quoted for reference: 17.4 ms (LeNet), 162 ms (CIFAR-10 quick).
 Peak RSS is the process's maximum resident set; "+RSS" subtracts what the process held before building the net
 (Python, numpy or torch themselves).
+
+GPU mode (--gpu; needs pycuda, the nvcc-built kernels and PyTorch with CUDA). Nets and batches: LeNet 64,
+CIFAR-10 quick 100, AlexNet 128 (bench/nets/alexnet_input.prototxt: Caffe's bvlc_alexnet train_val with Input
+layers). Each measurement again runs in its own process:
+- ours: `select.use_gpu(0)`, the Net in TRAIN phase, random data and labels; one iteration is
+  `clear_param_diffs` + `forward_backward` (as a solver step does, and as PyTorch's zero_grad below). Layers
+  without GPU code fall back to their CPU code on host copies (as Caffe's Forward_gpu does): the table's notes
+  name them, since their copies are part of the time.
+- PyTorch: the same layers as torch modules (torch_model) on "cuda", zero_grad + forward + loss + backward.
+  Convolutions and matmuls in IEEE float32, as ours (cuBLAS's default math): PyTorch's own default lets cuDNN use
+  TF32 for convolutions, which --torch-tf32 restores. cudnn.benchmark stays off (PyTorch's default).
+- Timing: GPU work is asynchronous, so each iteration is bracketed by a device synchronisation
+  (device.current().synchronize() for ours, torch.cuda.synchronize() for PyTorch) before the clock is read at each
+  end; the median of `--iterations` after 3 warm-up iterations.
+- GEMM reference, in the same run: a float32 C = A B of `--gemm-size`^3 (default 8192) through our device's gemm
+  (cuBLAS on DeviceArrays) and through torch.matmul, 2 n^3 FLOPs each, median of 10 after 3 warm-ups, in TFLOP/s.
+  The "% GEMM" columns compare a net's achieved rate with the higher of the two: how close to the machine's
+  float32 GEMM roof each framework runs the net.
+- FLOPs of one forward+backward: the forward is what our layers' `flops(bottom, top)` count (as `dist_caffe
+  net-info`; a multiply-add is 2). The backward of a Convolution/Deconvolution/InnerProduct layer is counted as
+  2x its forward (one GEMM-sized product for the weight gradient, one for the bottom gradient), or 1x where the
+  bottom takes no gradient (the first convolution, on the data); any other layer's backward as 1x its forward
+  where it runs backward at all. The same count serves both frameworks (they run the same net).
+PCD_DEVICE=emulated runs ours on the emulated device (the CUDA kernels compiled for the host, numpy BLAS): slow,
+for checking this code path without a GPU (use --nets lenet --iterations 2, and --torch-device cpu for PyTorch);
+the GEMM size then defaults to 1024. Without a usable GPU, --gpu exits with one line saying why.
 """
 import argparse
 import importlib.util
@@ -21,9 +51,12 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 NETS = {"lenet": (HERE / "nets" / "lenet_input.prototxt", 64),
-        "cifar10_quick": (HERE / "nets" / "cifar10_quick_input.prototxt", 100)}
+        "cifar10_quick": (HERE / "nets" / "cifar10_quick_input.prototxt", 100),
+        "alexnet": (HERE / "nets" / "alexnet_input.prototxt", 128)}
 CAFFE_MS = {"lenet": 17.4, "cifar10_quick": 162.0}   # caffe time, 1 thread, same machines (issue 3)
 WARMUP = 3
+GEMM_REPS = 10
+GEMM_LAYERS = ("Convolution", "Deconvolution", "InnerProduct")   # backward = 2 x forward (see the docstring)
 
 
 def _peak_rss_mb():
@@ -42,31 +75,93 @@ def _net_param(net_name):
     return param
 
 
-def _median_ms(step, iterations):
+def _median_ms(step, iterations, sync=None):
+    """Median wall time of `step` after WARMUP calls; with `sync` (asynchronous devices), the device is idle when
+    the clock starts and has finished the step's work when it stops."""
     for _ in range(WARMUP):
         step()
     times = []
     for _ in range(iterations):
+        if sync is not None:
+            sync()
         start = time.perf_counter()
         step()
+        if sync is not None:
+            sync()
         times.append(time.perf_counter() - start)
     times.sort()
     return 1000.0 * times[len(times) // 2]
 
 
-def run_ours(net_name, threads, iterations):
+def _random_inputs(net):
     import numpy as np
+    rng = np.random.default_rng(0)
+    data, label = net.blob_by_name("data"), net.blob_by_name("label")
+    data.data[...] = rng.standard_normal(data.shape)
+    label.data[...] = rng.integers(0, 10, label.shape)
+
+
+def run_ours(net_name, threads, iterations):
     from pycaffe_dist import common
     from pycaffe_dist.net.net import Net
     from pycaffe_dist.proto import caffe_pb2
     common.set_num_threads(threads)
     base = _peak_rss_mb()
     net = Net(_net_param(net_name), phase=caffe_pb2.TRAIN)
-    rng = np.random.default_rng(0)
-    data, label = net.blob_by_name("data"), net.blob_by_name("label")
-    data.data[...] = rng.standard_normal(data.shape)
-    label.data[...] = rng.integers(0, 10, label.shape)
+    _random_inputs(net)
     return _median_ms(net.forward_backward, iterations), base
+
+
+def fwd_bwd_flops(net):
+    """FLOPs of one forward+backward of a built Net (the docstring says how the backward is counted)."""
+    total = 0
+    for layer_id, layer in enumerate(net.layers):
+        bottom = [net._blob_list[i] for i in net.bottom_ids[layer_id]]
+        top = [net._blob_list[i] for i in net.top_ids[layer_id]]
+        forward = int(layer.flops(bottom, top))
+        backward = 0
+        if net.layer_need_backward[layer_id]:
+            if layer.type in GEMM_LAYERS:
+                backward = forward * (2 if any(net.bottom_need_backward[layer_id]) else 1)
+            else:
+                backward = forward
+        total += forward + backward
+    return total
+
+
+def _host_layers(net):
+    """Layers that run their CPU code on host copies in GPU mode (no forward_gpu, or no backward_gpu where they
+    run backward)."""
+    # Input has no GPU code (nor has Caffe's InputLayer) but its forward does nothing: nothing moves for it.
+    return ["%s (%s)" % (layer.name, layer.type) for layer_id, layer in enumerate(net.layers)
+            if layer.type != "Input" and
+            (layer.forward_gpu is None or (net.layer_need_backward[layer_id] and layer.backward_gpu is None))]
+
+
+def _open_gpu():
+    """Our device 0 in GPU mode, or {"error": why} where there is none."""
+    from pycaffe_dist.backend import select
+    from pycaffe_dist.errors import DeviceError
+    try:
+        return select.use_gpu(0), None
+    except DeviceError as exc:
+        return None, {"error": str(exc)}
+
+
+def run_ours_gpu(net_name, iterations):
+    from pycaffe_dist.net.net import Net
+    from pycaffe_dist.proto import caffe_pb2
+    dev, error = _open_gpu()
+    if error:
+        return error
+    net = Net(_net_param(net_name), phase=caffe_pb2.TRAIN)
+    _random_inputs(net)     # host copies: the first forward uploads them, once
+
+    def step():
+        net.clear_param_diffs()
+        net.forward_backward()
+    ms = _median_ms(step, iterations, sync=dev.synchronize)
+    return {"ms": ms, "flops": fwd_bwd_flops(net), "device": dev.name, "host_layers": _host_layers(net)}
 
 
 def torch_model(param):
@@ -82,7 +177,8 @@ def torch_model(param):
         elif lp.type == "Convolution":
             cp = lp.convolution_param
             layers.append(nn.Conv2d(channels, cp.num_output, cp.kernel_size[0],
-                                    stride=cp.stride[0] if cp.stride else 1, padding=cp.pad[0] if cp.pad else 0))
+                                    stride=cp.stride[0] if cp.stride else 1, padding=cp.pad[0] if cp.pad else 0,
+                                    groups=cp.group, bias=cp.bias_term))
             channels = cp.num_output
         elif lp.type == "Pooling":
             pp = lp.pooling_param
@@ -90,6 +186,15 @@ def torch_model(param):
             layers.append(pool(pp.kernel_size, stride=pp.stride, ceil_mode=True))   # Caffe rounds up
         elif lp.type == "ReLU":
             layers.append(nn.ReLU(inplace=True))
+        elif lp.type == "LRN":
+            rp = lp.lrn_param
+            if rp.norm_region != caffe_pb2.LRNParameter.ACROSS_CHANNELS:
+                raise ValueError("bench: no torch equivalent for LRN %s: WITHIN_CHANNEL" % lp.name)
+            # Both divide alpha by the window size: k + alpha / n * sum(x^2), so Caffe's alpha passes unchanged.
+            layers.append(nn.LocalResponseNorm(rp.local_size, alpha=rp.alpha, beta=rp.beta, k=rp.k))
+        elif lp.type == "Dropout":
+            # Not in place: it follows an in-place ReLU whose output autograd keeps for the ReLU's backward.
+            layers.append(nn.Dropout(lp.dropout_param.dropout_ratio))
         elif lp.type == "InnerProduct":
             if features is None:
                 layers.append(nn.Flatten())
@@ -102,17 +207,22 @@ def torch_model(param):
     return nn.Sequential(*layers), torch
 
 
-def run_torch(net_name, threads, iterations):
+def _torch_inputs(param, torch):
     from pycaffe_dist.proto import caffe_pb2
-    param = _net_param(net_name)
-    model, torch = torch_model(param)
-    torch.set_num_threads(threads)
-    base = _peak_rss_mb()
     shape = tuple(next(l for l in param.layer if l.type == "Input" and
                        all(r.phase != caffe_pb2.TEST for r in l.include)).input_param.shape[0].dim)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen)
     y = torch.randint(0, 10, (shape[0],), generator=gen)
+    return x, y
+
+
+def run_torch(net_name, threads, iterations):
+    param = _net_param(net_name)
+    model, torch = torch_model(param)
+    torch.set_num_threads(threads)
+    base = _peak_rss_mb()
+    x, y = _torch_inputs(param, torch)
     loss_fn = torch.nn.CrossEntropyLoss()
     model(x)   # materialise the lazy layers
 
@@ -122,35 +232,129 @@ def run_torch(net_name, threads, iterations):
     return _median_ms(step, iterations), base
 
 
+def _torch_on(device_name, tf32):
+    """torch, set up for `device_name` with IEEE float32 (or TF32) products, and its synchronisation; or an error."""
+    import torch
+    sync = None
+    if device_name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None, None, {"error": "torch %s sees no CUDA device (CPU-only build, or no driver)"
+                                % torch.__version__}
+        sync = torch.cuda.synchronize
+    precision = "tf32" if tf32 else "ieee"
+    if hasattr(torch.backends.cudnn, "conv") and hasattr(torch.backends.cudnn.conv, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+    else:   # before torch 2.9
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    return torch, sync, None
+
+
+def run_torch_gpu(net_name, iterations, device_name, tf32):
+    torch, sync, error = _torch_on(device_name, tf32)
+    if error:
+        return error
+    param = _net_param(net_name)
+    model, _ = torch_model(param)
+    x, y = _torch_inputs(param, torch)
+    model(x[:1])               # materialise the lazy layers (on the host, one image), then move
+    model.to(device_name)
+    x, y = x.to(device_name), y.to(device_name)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        model.zero_grad(set_to_none=False)
+        loss_fn(model(x), y).backward()
+    ms = _median_ms(step, iterations, sync=sync)
+    name = torch.cuda.get_device_name() if sync else "cpu"
+    return {"ms": ms, "device": name}
+
+
+def gemm_ours(n):
+    import numpy as np
+    dev, error = _open_gpu()
+    if error:
+        return error
+    rng = np.random.default_rng(0)
+    a, b, c = (dev.empty(n * n) for _ in range(3))
+    for array in (a, b):
+        dev.upload(array, rng.standard_normal(n * n, dtype=np.float32))
+    dev.memset(c, 0)
+    ms = _median_ms(lambda: dev.gemm(False, False, n, n, n, 1.0, a, b, 0.0, c), GEMM_REPS, sync=dev.synchronize)
+    return {"tflops": 2.0 * n ** 3 / (ms * 1e-3) / 1e12, "ms": ms, "device": dev.name}
+
+
+def gemm_torch(n, device_name, tf32):
+    torch, sync, error = _torch_on(device_name, tf32)
+    if error:
+        return error
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(device_name) for _ in range(2))
+    c = torch.empty(n, n, device=device_name)
+    ms = _median_ms(lambda: torch.matmul(a, b, out=c), GEMM_REPS, sync=sync)
+    return {"tflops": 2.0 * n ** 3 / (ms * 1e-3) / 1e12, "ms": ms}
+
+
 def child(args):
+    if args.gpu:
+        if args.child == "ours":
+            result = run_ours_gpu(args.nets, args.iterations)
+        elif args.child == "torch":
+            result = run_torch_gpu(args.nets, args.iterations, args.torch_device, args.torch_tf32)
+        elif args.child == "gemm-ours":
+            result = gemm_ours(args.gemm_size)
+        else:
+            result = gemm_torch(args.gemm_size, args.torch_device, args.torch_tf32)
+        print(json.dumps(result), flush=True)
+        # pycuda aborts the process at exit when a context is still pushed, as our CudaDevice leaves its primary
+        # context: the result is out, so leave without the interpreter's teardown.
+        os._exit(0)
     runner = run_ours if args.child == "ours" else run_torch
     ms, base = runner(args.nets, args.threads_one, args.iterations)
     peak = _peak_rss_mb()
     print(json.dumps({"ms": ms, "peak_mb": peak, "extra_mb": peak - base}))
 
 
-def measure(which, net_name, threads, iterations):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads), PYTHONPATH=str(HERE.parent))
-    out = subprocess.run([sys.executable, __file__, "--child", which, "--nets", net_name,
-                          "--threads-one", str(threads), "--iterations", str(iterations)],
-                         env=env, capture_output=True, text=True)
+def measure(which, net_name, threads, iterations, extra=()):
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    command = [sys.executable, __file__, "--child", which, "--nets", net_name, "--iterations", str(iterations)]
+    if threads is not None:
+        command += ["--threads-one", str(threads)]
+    out = subprocess.run(command + list(extra), env=env, capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit("bench: %s %s with %d threads failed:\n%s" % (which, net_name, threads, out.stderr))
+        raise SystemExit("bench: %s %s%s failed:\n%s" % (
+            which, net_name, " with %d threads" % threads if threads is not None else "", out.stderr))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=30)
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--nets", default="lenet,cifar10_quick")
+    ap.add_argument("--threads", help="CPU mode: thread counts to measure (default 1,2); --gpu: the host threads "
+                                      "(default: the libraries' own)")
+    ap.add_argument("--nets", help="default: lenet,cifar10_quick (CPU), lenet,cifar10_quick,alexnet (--gpu)")
     ap.add_argument("--plot", help="also write a bar chart (PNG) of the times")
-    ap.add_argument("--child", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--gpu", action="store_true", help="ours and PyTorch on GPU 0, with a GEMM reference")
+    ap.add_argument("--gemm-size", type=int, help="--gpu: n of the n x n x n GEMM reference (default 8192, or "
+                                                  "1024 on the emulated device or --torch-device cpu)")
+    ap.add_argument("--torch-tf32", action="store_true",
+                    help="--gpu: let PyTorch use TF32 (its default for cuDNN convolutions) instead of IEEE float32")
+    ap.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)   # cpu: check the torch side here
+    ap.add_argument("--child", choices=["ours", "torch", "gemm-ours", "gemm-torch"], help=argparse.SUPPRESS)
     ap.add_argument("--threads-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
+        if args.gpu and args.threads_one is not None:
+            from pycaffe_dist import common
+            common.set_num_threads(args.threads_one)
         return child(args)
+    if args.gpu:
+        return main_gpu(args)
+    args.threads = args.threads or "1,2"
+    args.nets = args.nets or "lenet,cifar10_quick"
     # Not imported here: Linux carries a parent's peak RSS into the children it starts (fork + exec).
     have_torch = importlib.util.find_spec("torch") is not None
     if not have_torch:
@@ -164,7 +368,7 @@ def main():
         for threads in [int(t) for t in args.threads.split(",")]:
             ours = measure("ours", net_name, threads, args.iterations)
             ref = measure("torch", net_name, threads, args.iterations) if have_torch else None
-            caffe = CAFFE_MS[net_name] if threads == 1 else None
+            caffe = CAFFE_MS.get(net_name) if threads == 1 else None
             row = (net_name, threads, "%.1f" % ours["ms"], "%.1f" % ref["ms"] if ref else "-",
                    "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-", "%.1f" % caffe if caffe else "-",
                    "%.2f" % (ours["ms"] / caffe) if caffe else "-", "%.0f" % ours["peak_mb"],
@@ -174,6 +378,59 @@ def main():
             print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
     if args.plot:
         plot(rows, args.plot)
+
+
+def main_gpu(args):
+    nets = (args.nets or "lenet,cifar10_quick,alexnet").split(",")
+    unknown = [n for n in nets if n not in NETS]
+    if unknown:
+        raise SystemExit("bench/nets.py --gpu: unknown net(s) %s (known: %s)" % (", ".join(unknown), ", ".join(NETS)))
+    threads = int(args.threads.split(",")[0]) if args.threads else None
+    emulated = os.environ.get("PCD_DEVICE", "") == "emulated"
+    gemm_size = args.gemm_size or (1024 if emulated or args.torch_device == "cpu" else 8192)
+    extra = ["--gpu", "--torch-device", args.torch_device, "--gemm-size", str(gemm_size)]
+    extra += ["--torch-tf32"] if args.torch_tf32 else []
+
+    # Ours first: it says whether there is a GPU at all (a DeviceError's reason), before anything long runs.
+    gemm = measure("gemm-ours", "-", threads, 1, extra)
+    if "error" in gemm:
+        raise SystemExit("bench/nets.py --gpu: no GPU: %s" % gemm["error"])
+    have_torch = importlib.util.find_spec("torch") is not None
+    torch_gemm = measure("gemm-torch", "-", threads, 1, extra) if have_torch else {"error": "PyTorch is not installed"}
+    if "error" in torch_gemm:
+        print("bench: PyTorch on %s unavailable (%s): its columns stay empty"
+              % (args.torch_device, torch_gemm["error"]))
+        have_torch = False
+    roof = max(gemm["tflops"], torch_gemm["tflops"] if have_torch else 0.0)
+    print("bench: ours on %s; PyTorch on %s%s" % (gemm["device"], args.torch_device,
+                                                   " (TF32 allowed)" if args.torch_tf32 else " (IEEE float32)"))
+    print("bench: GEMM %d^3 float32: ours (device gemm) %.3g TFLOP/s, torch.matmul %s; %% GEMM below is of %.3g"
+          % (gemm_size, gemm["tflops"], "%.3g TFLOP/s" % torch_gemm["tflops"] if have_torch else "-", roof))
+    header = ("net", "batch", "GFLOP/iter", "ours ms", "torch ms", "ours/torch", "ours TFLOP/s", "torch TFLOP/s",
+              "ours % GEMM", "torch % GEMM")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    rows, notes = [], []
+    for net_name in nets:
+        ours = measure("ours", net_name, threads, args.iterations, extra)
+        if "error" in ours:
+            raise SystemExit("bench/nets.py --gpu: no GPU: %s" % ours["error"])
+        ref = measure("torch", net_name, threads, args.iterations, extra) if have_torch else None
+        flops = ours["flops"]
+        ours_tf = flops / (ours["ms"] * 1e-3) / 1e12
+        ref_tf = flops / (ref["ms"] * 1e-3) / 1e12 if ref else None
+        row = (net_name, NETS[net_name][1], "%.2f" % (flops / 1e9), "%.2f" % ours["ms"],
+               "%.2f" % ref["ms"] if ref else "-", "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-",
+               "%.3g" % ours_tf, "%.3g" % ref_tf if ref else "-", "%.1f" % (100 * ours_tf / roof),
+               "%.1f" % (100 * ref_tf / roof) if ref else "-")
+        rows.append((net_name, ours["ms"], ref["ms"] if ref else None, ours_tf, ref_tf))
+        print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
+        if ours["host_layers"]:
+            notes.append("%s: on the host (no GPU code): %s" % (net_name, ", ".join(ours["host_layers"])))
+    for note in notes:
+        print("bench: " + note)
+    if args.plot:
+        plot_gpu(rows, roof, "PyTorch %s" % args.torch_device, args.plot)
 
 
 def plot(rows, path):
@@ -188,6 +445,35 @@ def plot(rows, path):
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("forward+backward ms / iteration")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    print("bench: wrote", path)
+
+
+def plot_gpu(rows, roof, torch_label, path):
+    """Left: ours/PyTorch time per net (target <= 1), each bar labelled with both times; right: achieved TFLOP/s
+    against the GEMM roof."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    xs = list(range(len(rows)))
+    labels = [r[0] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(2.4 * len(rows) + 4, 4))
+    ratios = [r[1] / r[2] if r[2] else 0 for r in rows]
+    bars = left.bar(xs, ratios, 0.5, color="C0")
+    for bar, r in zip(bars, rows):
+        left.annotate("%.4g / %s ms" % (r[1], "%.4g" % r[2] if r[2] else "-"),
+                      (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    left.axhline(1.0, color="grey", linestyle="--", label="target: as fast as %s" % torch_label)
+    left.set_xticks(xs, labels)
+    left.set_ylabel("forward+backward time, ours / PyTorch")
+    left.legend()
+    right.bar([x - 0.2 for x in xs], [r[3] for r in rows], 0.4, label="pycaffe-dist GPU")
+    right.bar([x + 0.2 for x in xs], [r[4] or 0 for r in rows], 0.4, label=torch_label)
+    right.axhline(roof, color="grey", linestyle="--", label="float32 GEMM %.3g TFLOP/s" % roof)
+    right.set_xticks(xs, labels)
+    right.set_ylabel("achieved TFLOP/s")
+    right.legend()
     fig.tight_layout()
     fig.savefig(path)
     print("bench: wrote", path)

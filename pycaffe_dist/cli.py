@@ -5,6 +5,7 @@ import os
 import sys
 import time
 
+from .backend import select
 from .data import commands as data_commands
 from .errors import PycaffeDistError
 
@@ -74,6 +75,7 @@ def cmd_time(args):
     from .net.timing import format_timings, plot_timings, time_net
     if args.threads:
         common.set_num_threads(args.threads)
+    select.choose(args.gpu)
     if args.iterations < 1:
         raise PycaffeDistError("--iterations must be at least 1, got %d" % args.iterations)
     net = Net(read_net(args.model), phase=args.phase, level=args.level, stages=args.stage)
@@ -128,6 +130,10 @@ def cmd_train(args):
     from .io.load import read_solver
     from .solver import training_log
     from .solver.solver import Solver, images_per_iteration
+    gpus = select.parse_gpus(args.gpu)
+    if len(gpus) > 1 and args.workers is None:
+        # Several GPUs train one net as Caffe's multi-GPU training does: synchronously, one worker per GPU.
+        args.workers, args.mode = len(gpus), args.mode or "sync"
     if args.workers is not None or args.mode is not None or args.redis is not None:
         if args.workers is None:
             raise PycaffeDistError("--mode and --redis train on workers: give --workers N")
@@ -150,7 +156,7 @@ def cmd_train(args):
     if args.weights:
         param.weights.append(args.weights)
     log = logging.getLogger("pycaffe_dist.cli")
-    log.info("Use CPU.")
+    select.choose(args.gpu, param)
     solver = Solver(param)
     solver.set_action_function(actions)
     if terminal is not None:
@@ -198,7 +204,7 @@ def cmd_train_distributed(args):
     progress = training_log.DistributedProgress(handler) if handler is not None else None
     try:
         code = launch.run_local(master, args.workers, redis_url=args.redis, worker_threads=args.threads or 1,
-                                job=args.job, progress=progress, sink=sink)
+                                job=args.job, progress=progress, sink=sink, gpus=select.parse_gpus(args.gpu))
     finally:
         if handler is not None:
             handler.finish()
@@ -232,6 +238,9 @@ def cmd_worker(args):
     from .solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.dist"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.WARNING)
+    if select.choose(args.gpu) is not None:
+        from .backend import device
+        print("computing on GPU %s: %s" % (args.gpu, device.current().name), file=sys.stderr, flush=True)
     worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
                     wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry)
     stats = worker.run()
@@ -278,7 +287,7 @@ def cmd_test(args):
     if args.threads:
         from . import common
         common.set_num_threads(args.threads)
-    log.info("Use CPU.")
+    select.choose(args.gpu)
     net = Net(args.model, TEST, level=args.level, stages=args.stage)
     load_weights(net, args.weights)
     log.info("Running for %d iterations.", args.iterations)
@@ -318,24 +327,37 @@ def cmd_plot(args):
 
 
 def cmd_device_query(args):
-    """The machine this build computes on: the CPU, its threads and BLAS; there is no GPU backend."""
+    """The machine this build computes on: the CPU, its threads and BLAS; then each GPU, or why there is none."""
     import platform
     from threadpoolctl import threadpool_info
     from . import common
+    from .backend import kernel_source
+    from .errors import DeviceError
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
     except OSError:
         pass
-    print("Device: CPU")
     print("CPU: %s" % model)
     print("Logical cores: %d" % (os.cpu_count() or 1))
     print("Threads used (--threads): %d" % common.num_threads())
     for lib in threadpool_info():
         print("%s: %s %s, %d threads (%s)" % (lib["user_api"].upper(), lib["internal_api"], lib.get("version") or "",
                                               lib["num_threads"], lib["filepath"]))
-    print("GPU: none (no GPU backend in this build; solver_mode GPU runs on the CPU)")
+    fatbins = sorted(kernel_source.BUILD_DIR.glob("*.fatbin"))
+    print("CUDA kernels: %s" % ("%d fatbins in %s" % (len(fatbins), kernel_source.BUILD_DIR) if fatbins else
+                                "not built (the package was built without nvcc)"))
+    try:
+        from .backend.cuda import CudaDevice, device_count
+        for index in range(device_count()):
+            print("GPU %d:" % index)
+            for key, value in CudaDevice(index).describe().items():
+                print("  %s: %s" % (key, value))
+        if device_count() == 0:
+            print("GPU: none (the CUDA driver sees no GPU); training runs on the CPU")
+    except DeviceError as exc:
+        print("GPU: none (%s); training runs on the CPU" % exc)
     return 0
 
 
@@ -376,6 +398,7 @@ def build_parser():
     p.add_argument("--weights", help=".caffemodel to load first")
     p.add_argument("--threads", type=int, help="CPU threads (BLAS and kernels); default: all cores")
     p.add_argument("--plot", help="also draw the per-layer times into this PNG")
+    p.add_argument("--gpu", help="time on this GPU id (default: the CPU)")
     p.set_defaults(func=cmd_time)
 
     p = verbs.add_parser("train", help="train a net with a solver (caffe train)")
@@ -393,6 +416,9 @@ def build_parser():
     p.add_argument("--sighup_effect", type=_signal_effect, default="snapshot",
                    help="on SIGHUP: snapshot (default), stop or none")
     p.add_argument("--log", help="also write the log lines to this file")
+    p.add_argument("--gpu", help="GPU id(s): N, N,M,... or all (default: the solver's solver_mode and device_id; "
+                   "a solver's GPU mode falls back to the CPU with a warning where there is no GPU, --gpu does not). "
+                   "Several GPUs train synchronously, one worker each; with --workers, workers take them in turn")
     p.add_argument("--workers", type=int, help="train on N worker processes that meet at a Redis parameter store "
                    "(a private redis-server unless --redis is given)")
     p.add_argument("--mode", choices=MODE_NAMES, help="distributed mode (default async)")
@@ -434,6 +460,7 @@ def build_parser():
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
                    "(default 60)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
+    p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
                    "giving up (default 30)")
     p.set_defaults(func=cmd_worker)
@@ -453,6 +480,7 @@ def build_parser():
     p.add_argument("--level", type=int, default=0)
     p.add_argument("--stage", action="append", default=[], help="a NetState stage (repeatable)")
     p.add_argument("--threads", type=int, help="CPU threads (BLAS and kernels); default: all cores")
+    p.add_argument("--gpu", help="score on this GPU id (default: the CPU)")
     p.set_defaults(func=cmd_test)
 
     p = verbs.add_parser("plot", help="plot loss and test accuracy of a Caffe-format training log")
@@ -460,7 +488,7 @@ def build_parser():
     p.add_argument("-o", "--output", help="PNG to write (default: the log's name with .png)")
     p.set_defaults(func=cmd_plot)
 
-    p = verbs.add_parser("device-query", help="show the device this build computes on")
+    p = verbs.add_parser("device-query", help="show the CPU and the GPUs this build can compute on, or why none")
     p.set_defaults(func=cmd_device_query)
 
     p = verbs.add_parser("upgrade", help="upgrade a V0/V1 net (text or .caffemodel) or a legacy solver")

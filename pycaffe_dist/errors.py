@@ -39,3 +39,7 @@ class DataError(PycaffeDistError):
 
 class StoreError(PycaffeDistError):
     """The Redis store is unreachable or holds something unexpected."""
+
+
+class DeviceError(PycaffeDistError):
+    """No usable GPU (no driver, no pycuda, no built kernels, a bad device id), or a device call that failed."""

@@ -118,9 +118,11 @@ class Child:
 
 
 def run_local(master_args, workers, redis_url=None, worker_threads=1, job=None, progress=None,
-              sink=None, stop_timeout_s=60.0):
-    """Run a master and `workers` workers on this machine; returns the master's exit code. `master_args` and
-    `master_args` are the master's extra command-line arguments; `progress(stats)` is called about twice a second."""
+              sink=None, stop_timeout_s=60.0, gpus=()):
+    """Run a master and `workers` workers on this machine; returns the master's exit code. `master_args` are the
+    master's extra command-line arguments; `progress(stats)` is called about twice a second. With `gpus` (device
+    ids), worker i computes on gpus[i % len(gpus)]: one worker per GPU, or several per GPU; the master stays on the
+    CPU (it only merges and tests)."""
     from .job import new_job_id
     from .store import Store
     sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -137,8 +139,9 @@ def run_local(master_args, workers, redis_url=None, worker_threads=1, job=None, 
         children.append(Child("master", python + ["master", "--redis", redis_url, "--job", job] + master_args,
                               env, sink))
         for i in range(workers):
+            gpu = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
             children.append(Child("worker %d" % i, python + ["worker", "--redis", redis_url, "--job", job, "--id",
-                                                             str(i), "--threads", str(worker_threads)],
+                                                             str(i), "--threads", str(worker_threads)] + gpu,
                                   env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
         watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url

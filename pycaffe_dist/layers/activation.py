@@ -9,12 +9,15 @@ slope >= 0, ELU with alpha >= 0, Sigmoid, TanH, Swish, Exp, Dropout) and wrong e
 backward needs x keeps a copy when computing in place (`backward_needs_bottom`), so in place and not in place
 give the same gradients: a deliberate difference from Caffe for in-place BNLL, Log, Clip, Power, ReLU with a
 negative slope and ELU with a negative alpha.
+
+GPU code: each layer gives `compute_gpu(dev, x, y)` and `gradient_gpu(dev, x, y, dy, dx)` over flat DeviceArrays,
+the kernels of csrc/cuda/neuron.cu (after Caffe's *_layer.cu), computing what the CPU code computes in its order.
 """
 import math
 
 import numpy as np
 
-from ..backend import neuron
+from ..backend import device, neuron
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
@@ -33,6 +36,17 @@ class NeuronLayer(Layer):
     def __init__(self, param, phase=None):
         super().__init__(param, phase)
         self._work = {}
+        self._gpu_work = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # GPU code is inherited only with the CPU code it mirrors: a subclass that redefines its CPU math but not
+        # its GPU math runs on the CPU (as Caffe's Forward_gpu falls back to Forward_cpu).
+        own = cls.__dict__
+        if ("compute" in own and "compute_gpu" not in own) or ("forward" in own and "forward_gpu" not in own):
+            cls.forward_gpu = None
+        if ("gradient" in own and "gradient_gpu" not in own) or ("backward" in own and "backward_gpu" not in own):
+            cls.backward_gpu = None
 
     def layer_setup(self, bottom, top):
         if not self.allow_in_place:
@@ -79,6 +93,41 @@ class NeuronLayer(Layer):
     def gradient(self, x, y, dy, dx):
         raise NotImplementedError
 
+    # --- GPU ----------------------------------------------------------------------------------------------------
+    def gpu_work(self, name, size, fill=None):
+        """A device scratch array of `size` float32 values kept between calls (as `work`); `fill`: its value when
+        (re)allocated."""
+        dev = device.current()
+        held = self._gpu_work.get(name)
+        if held is None or held[0] is not dev or held[1].size != size:
+            array = dev.empty(size)
+            if fill is not None:
+                dev.fill(array, fill)
+            held = self._gpu_work[name] = (dev, array)
+        return held[1]
+
+    def forward_gpu(self, bottom, top):
+        dev = device.current()
+        x = bottom[0].gpu_data
+        if top[0] is bottom[0] and self.backward_needs_bottom:
+            dev.copy(self.gpu_work("bottom", x.size), x)
+        self.compute_gpu(dev, x, top[0].mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            dev = device.current()
+            x = self.gpu_bottom_data(bottom, top)
+            self.gradient_gpu(dev, x, top[0].gpu_data, top[0].gpu_diff, bottom[0].mutable_gpu_diff)
+
+    def gpu_bottom_data(self, bottom, top):
+        """bottom_data's device twin: x as the forward saw it."""
+        if top[0] is bottom[0] and self.backward_needs_bottom:
+            return self._gpu_work["bottom"][1]
+        return bottom[0].gpu_data
+
+    compute_gpu = None       # (dev, x, y): the forward over flat device arrays
+    gradient_gpu = None      # (dev, x, y, dy, dx): the bottom diff
+
 
 @register("ReLU")
 class ReLULayer(NeuronLayer):
@@ -96,6 +145,12 @@ class ReLULayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         neuron.relu_backward(x, dy, dx, self.negative_slope)
+
+    def compute_gpu(self, dev, x, y):
+        dev.launch("relu_forward", x.size, x, self.negative_slope, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("relu_backward", x.size, x, dy, self.negative_slope, dx)
 
 
 @register("PReLU")
@@ -141,6 +196,30 @@ class PReLULayer(NeuronLayer):
         if propagate_down[0]:
             neuron.prelu_backward(x, dy, self.blobs[0].data, bottom[0].diff, self.channels, self.dim)
 
+    def _div_factor(self):
+        # prelu_layer.cu: one shared slope for every channel (a single value, as the CPU kernel decides)
+        return self.channels if self.blobs[0].count == 1 else 1
+
+    def compute_gpu(self, dev, x, y):
+        dev.launch("prelu_forward", x.size, self.channels, self.dim, self._div_factor(), x, self.blobs[0].gpu_data, y)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        # prelu_layer.cu Backward_gpu: the slope's gradient first (in place, the bottom diff overwrites the top diff)
+        dev = device.current()
+        x, dy, n = self.gpu_bottom_data(bottom, top), top[0].gpu_diff, bottom[0].count
+        slope = self.blobs[0]
+        if self.param_propagate_down[0] and n:
+            cdim = self.channels * self.dim
+            per_position = self.gpu_work("slope_work", cdim)
+            dev.launch("prelu_param_backward", cdim, n // cdim, x, dy, per_position)
+            # slope diff (one value, or one per channel) += the per-position sums summed over each slope's positions
+            width = cdim // slope.count
+            dev.gemv(False, slope.count, width, 1.0, per_position, self.gpu_work("ones", width, fill=1.0), 1.0,
+                     slope.mutable_gpu_diff)
+        if propagate_down[0]:
+            dev.launch("prelu_backward", n, self.channels, self.dim, self._div_factor(), x, dy, slope.gpu_data,
+                       bottom[0].mutable_gpu_diff)
+
 
 @register("ELU")
 class ELULayer(NeuronLayer):
@@ -157,6 +236,12 @@ class ELULayer(NeuronLayer):
     def gradient(self, x, y, dy, dx):
         neuron.elu_backward(x, y, dy, dx, self.alpha)
 
+    def compute_gpu(self, dev, x, y):
+        dev.launch("elu_forward", x.size, x, self.alpha, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("elu_backward", x.size, x, y, dy, self.alpha, dx)
+
 
 @register("Sigmoid")
 class SigmoidLayer(NeuronLayer):
@@ -167,6 +252,12 @@ class SigmoidLayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         neuron.sigmoid_backward(y, dy, dx)
+
+    def compute_gpu(self, dev, x, y):
+        dev.launch("sigmoid_forward", x.size, x, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("sigmoid_backward", y.size, y, dy, dx)
 
 
 @register("TanH")
@@ -179,6 +270,12 @@ class TanHLayer(NeuronLayer):
     def gradient(self, x, y, dy, dx):
         neuron.tanh_backward(y, dy, dx)
 
+    def compute_gpu(self, dev, x, y):
+        dev.launch("tanh_forward", x.size, x, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("tanh_backward", y.size, y, dy, dx)
+
 
 @register("AbsVal")
 class AbsValLayer(NeuronLayer):
@@ -189,6 +286,12 @@ class AbsValLayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         neuron.absval_backward(x, dy, dx)
+
+    def compute_gpu(self, dev, x, y):
+        dev.launch("gpu_abs", x.size, x, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("absval_backward", x.size, x, dy, dx)
 
 
 @register("BNLL")
@@ -201,6 +304,12 @@ class BNLLLayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         neuron.bnll_backward(x, dy, dx, self.work("exp", x))
+
+    def compute_gpu(self, dev, x, y):
+        dev.launch("bnll_forward", x.size, x, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("bnll_backward", x.size, x, dy, dx)
 
 
 @register("Power")
@@ -231,6 +340,21 @@ class PowerLayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         neuron.power_backward(x, y, dy, dx, self.power, self.scale, self.shift)
+
+    def compute_gpu(self, dev, x, y):
+        if self.diff_scale == 0:
+            # the input does not matter: 1 (power 0) or shift ^ power, as power_forward on the CPU
+            dev.fill(y, np.power(np.float32(self.shift), np.float32(self.power)) if self.power != 0 else 1.0)
+        else:
+            dev.launch("power_forward", x.size, x, self.power, self.scale, self.shift, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        if self.diff_scale == 0:
+            dev.memset(dx, 0)
+        elif self.power == 1:
+            dev.launch("gpu_scale", dy.size, self.diff_scale, dy, dx)
+        else:
+            dev.launch("power_backward", x.size, x, y, dy, self.power, self.scale, self.shift, dx)
 
 
 def _log_base(layer, base):
@@ -264,6 +388,12 @@ class ExpLayer(NeuronLayer):
     def gradient(self, x, y, dy, dx):
         neuron.exp_backward(y, dy, dx, self.inner_scale)
 
+    def compute_gpu(self, dev, x, y):
+        dev.launch("exp_forward", x.size, x, self.inner_scale, self.outer_scale, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("exp_backward", y.size, y, dy, self.inner_scale, dx)
+
 
 @register("Log")
 class LogLayer(NeuronLayer):
@@ -285,6 +415,12 @@ class LogLayer(NeuronLayer):
     def gradient(self, x, y, dy, dx):
         neuron.log_backward(x, dy, dx, self.scale, self.shift, self.backward_numerator)
 
+    def compute_gpu(self, dev, x, y):
+        dev.launch("log_forward", x.size, x, self.scale, self.shift, self.base_scale, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("log_backward", x.size, x, dy, self.scale, self.shift, self.backward_numerator, dx)
+
 
 @register("Threshold")
 class ThresholdLayer(NeuronLayer):
@@ -295,6 +431,9 @@ class ThresholdLayer(NeuronLayer):
 
     def compute(self, x, y):
         neuron.threshold_forward(x, y, self.threshold)
+
+    def compute_gpu(self, dev, x, y):
+        dev.launch("threshold_forward", x.size, x, self.threshold, y)
 
     def backward(self, top, propagate_down, bottom):
         raise self.error("Threshold has no backward (Caffe: NOT_IMPLEMENTED)")
@@ -330,6 +469,27 @@ class DropoutLayer(NeuronLayer):
         elif dx is not dy:
             np.copyto(dx, dy)
 
+    def compute_gpu(self, dev, x, y):
+        if self.phase == caffe_pb2.TRAIN:
+            # Caffe draws the mask with curand; the draws come from the CPU path's generator and calls instead
+            # (common.rng(), float32 uniforms, one per element in memory order), uploaded, so that both paths drop
+            # the same units for the same seed. The host draws stay in _work["rand"], as the CPU code keeps them.
+            rand = self._work.get("rand")
+            if rand is None or rand.size != x.size:
+                rand = self._work["rand"] = np.empty(x.size, np.float32)
+            self.rng.random(out=rand, dtype=np.float32)
+            rand_gpu = self.gpu_work("rand", x.size)
+            dev.upload(rand_gpu, rand)
+            dev.launch("dropout_apply", x.size, x, rand_gpu, 1.0 - self.threshold, self.scale, y)
+        elif y.ptr != x.ptr:
+            dev.copy(y, x)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        if self.phase == caffe_pb2.TRAIN:
+            dev.launch("dropout_apply", dy.size, dy, self._gpu_work["rand"][1], 1.0 - self.threshold, self.scale, dx)
+        elif dx.ptr != dy.ptr:
+            dev.copy(dx, dy)
+
 
 @register("Clip")
 class ClipLayer(NeuronLayer):
@@ -348,6 +508,12 @@ class ClipLayer(NeuronLayer):
     def gradient(self, x, y, dy, dx):
         neuron.clip_backward(x, dy, dx, self.min, self.max)
 
+    def compute_gpu(self, dev, x, y):
+        dev.launch("clip_forward", x.size, x, self.min, self.max, y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("clip_backward", x.size, x, dy, self.min, self.max, dx)
+
 
 @register("Swish")
 class SwishLayer(NeuronLayer):
@@ -362,3 +528,9 @@ class SwishLayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         neuron.swish_backward(y, self._work["sigmoid"], dy, dx, self.beta)
+
+    def compute_gpu(self, dev, x, y):
+        dev.launch("swish_forward", x.size, x, self.beta, self.gpu_work("sigmoid", x.size), y)
+
+    def gradient_gpu(self, dev, x, y, dy, dx):
+        dev.launch("swish_backward", y.size, y, self._gpu_work["sigmoid"][1], dy, self.beta, dx)

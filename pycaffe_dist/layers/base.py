@@ -24,6 +24,11 @@ class Layer:
     auto_top_blobs = False       # Caffe's AutoTopBlobs: the net adds anonymous tops up to the minimum
     is_loss = False              # loss layers weigh their first top 1 unless loss_weight says otherwise
     has_backward = True          # False where Caffe's Backward is NOT_IMPLEMENTED or a no-op (data, accuracy, ...)
+    # GPU code, as methods of the same signatures as forward/backward, where a layer has it: they read and write
+    # the blobs' device copies (gpu_data, mutable_gpu_diff, ...) through backend.device. None: the Net runs the CPU
+    # code on the host copies instead, as Caffe's Layer::Forward_gpu falls back to Forward_cpu.
+    forward_gpu = None
+    backward_gpu = None
 
     def __init__(self, param, phase=None):
         # Each layer owns a copy of its LayerParameter, as Caffe's Layer does: a layer may edit it (BatchNorm adds

@@ -1,10 +1,13 @@
-"""Convolution, Deconvolution and Im2col (im2col/col2im kernels in csrc/im2col.pyx, GEMMs in backend/conv.py).
+"""Convolution, Deconvolution and Im2col (im2col/col2im kernels in csrc/im2col.pyx, GEMMs in backend/conv.py;
+on the GPU csrc/cuda/im2col.cu and cuBLAS, through GpuConvEngine below).
 
 Parameter parsing and shapes follow Caffe's src/caffe/layers/base_conv_layer.cpp (LayerSetUp, Reshape),
-conv_layer.cpp / deconv_layer.cpp (compute_output_shape, Forward_cpu, Backward_cpu) and im2col_layer.cpp.
+conv_layer.cpp / deconv_layer.cpp (compute_output_shape, Forward_cpu, Backward_cpu) and im2col_layer.cpp; the
+GPU code base_conv_layer.cpp's *_gpu_gemm / *_gpu_bias, conv_layer.cu, deconv_layer.cu and im2col_layer.cu.
 """
 import numpy as np
 
+from ..backend import device
 from ..backend.conv import ConvEngine
 from .._kernels import im2col as _k
 from ..net.blob import count
@@ -61,6 +64,210 @@ def conv_out_dim(size, kernel, stride, pad, dilation):
 def deconv_out_dim(size, kernel, stride, pad, dilation):
     """DeconvolutionLayer::compute_output_shape."""
     return stride * (size - 1) + (dilation * (kernel - 1) + 1) - 2 * pad
+
+
+# --- the GPU path ---------------------------------------------------------------------------------------------
+
+GPU_BUFFER_BYTES = 32 << 20   # bound of the GPU column buffer (and of the per-image weight-diff scratch)
+
+
+def gpu_scratch(owner, name, dev, size, fill=None, dtype=np.float32):
+    """A device array of at least `size` elements kept on `owner` as attribute `name`, reallocated only when it
+    must grow or the device changed; `fill` sets every element of a new (float32) one: a ones vector."""
+    held = getattr(owner, name, None)
+    if held is not None and held[0] is dev and held[1].size >= size and held[1].dtype == dtype:
+        return held[1]
+    array = dev.empty(max(1, size), dtype)
+    if fill is not None:
+        dev.fill(array, fill)
+    setattr(owner, name, (dev, array))
+    return array
+
+
+def gpu_ones(owner, dev, size):
+    """Caffe's bias_multiplier_: a ones vector of at least `size` elements."""
+    return gpu_scratch(owner, "_gpu_ones", dev, size, fill=1.0)
+
+
+def gpu_add_bias(owner, dev, bias, out, num, channels, spatial):
+    """out (num, channels, spatial) += bias[c]: Caffe's forward_gpu_bias (a rank-1 GEMM with a ones vector), for
+    all images in one strided-batched GEMM."""
+    dev.gemm_batched(False, False, channels, spatial, 1, 1.0, bias, 0, gpu_ones(owner, dev, spatial), 0, 1.0, out,
+                     channels * spatial, num)
+
+
+def gpu_bias_diff(owner, dev, dy, bias_diff, num, channels, spatial):
+    """bias_diff += the sum of dy (num, channels, spatial) over images and positions: Caffe's backward_gpu_bias
+    (a GEMV with ones per image), as two GEMVs: per (image, channel) sums, then their sum over images."""
+    if num * channels * spatial == 0:
+        return
+    sums = gpu_scratch(owner, "_gpu_bias_sums", dev, num * channels)
+    ones = gpu_ones(owner, dev, max(spatial, num))
+    dev.gemv(False, num * channels, spatial, 1.0, dy, ones, 0.0, sums)
+    dev.gemv(True, num, channels, 1.0, sums, ones, 1.0, bias_diff)
+
+
+class GpuUnroll:
+    """im2col / col2im of `num` images of shape (channels, *spatial) to and from the batched column layout
+    (num, rows, *out), each image's part Caffe's (csrc/cuda/im2col.cu). Two spatial axes take the 2-D kernels
+    unless force_nd (or a zero dilation, which Caffe's 2-D col2im cannot take); others the N-d ones, their shapes
+    in a small int device array (Caffe's im2col_nd_gpu)."""
+
+    def __init__(self, im_shape, kernel, pad, stride, dilation, force_nd=False):
+        self.im_shape = tuple(int(d) for d in im_shape)
+        self.geometry = (tuple(kernel), tuple(pad), tuple(stride), tuple(dilation))
+        self.num_axes = len(self.im_shape) - 1
+        self.out_spatial = tuple(conv_out_dim(size, k, s, p, d) for size, k, p, s, d
+                                 in zip(self.im_shape[1:], *self.geometry))
+        self.rows = self.im_shape[0] * count(kernel)
+        self.positions = count(self.out_spatial)
+        self.im_count = count(self.im_shape)
+        self.col_count = self.rows * self.positions
+        self.nd = self.num_axes != 2 or force_nd or 0 in tuple(dilation)
+        self._shapes = None
+
+    def _shape_array(self, dev):
+        if self._shapes is None or self._shapes[0] is not dev:
+            host = np.array(self.im_shape + (self.rows,) + self.out_spatial + sum(self.geometry, ()), np.int32)
+            self._shapes = (dev, dev.to_device(host))
+        return self._shapes[1]
+
+    def _args_2d(self):
+        (kh, kw), (ph, pw), (sh, sw), (dh, dw) = self.geometry
+        return self.im_shape + (kh, kw, ph, pw, sh, sw, dh, dw) + self.out_spatial
+
+    def im2col(self, dev, im, col, num):
+        if self.nd:
+            dev.launch("im2col_nd", num * self.col_count, im, self.num_axes, self._shape_array(dev), col)
+        else:
+            dev.launch("im2col_2d", num * self.im_shape[0] * self.positions, im, *self._args_2d(), col)
+
+    def col2im(self, dev, col, im, num):
+        """Overwrites the images."""
+        if self.nd:
+            dev.launch("col2im_nd", num * self.im_count, col, self.num_axes, self._shape_array(dev), im)
+        else:
+            dev.launch("col2im_2d", num * self.im_count, col, *self._args_2d(), im)
+
+
+class GpuConvEngine:
+    """ConvEngine's operations on the GPU, in its names (the image side is what im2col reads, W is
+    (out_channels, in_channels / group, *kernel), the output side (N, out_channels, P)).
+
+    Caffe runs im2col and one GEMM per group per image. Here a chunk of images (the column buffer bounded by
+    GPU_BUFFER_BYTES) is unrolled at once into (n, rows, P), and each group multiplies the whole chunk in one
+    strided-batched GEMM whose W has stride 0: out_i = W col_i (forward), col_i = W^T dY_i (then col2im). Where
+    there are more groups than images (depthwise convolutions), the batch runs over the groups instead, one GEMM
+    per image: whichever launches fewer.
+    The weight diff dW += sum_i dY_i col_i^T cannot be batched over images into one dW (the batch's products
+    would race on it): it is one strided-batched GEMM per group into a per-image scratch (n, |W|), then one GEMV
+    with ones that adds its rows to dW: 1 + group launches per chunk instead of Caffe's n * group GEMMs with
+    beta = 1, at the price of the scratch (bounded like the column buffer). Batched over the groups, or where
+    one image's |W| fills the bound already, the GEMMs add into dW with beta = 1, image after image, as Caffe's.
+    A 1x1 convolution (kernel 1, stride 1, pad 0: Caffe's is_1x1_) multiplies the images themselves, without
+    a column buffer."""
+
+    def __init__(self, im_shape, kernel, pad, stride, dilation, group, out_channels, force_nd=False):
+        self.unroll = u = GpuUnroll(im_shape, kernel, pad, stride, dilation, force_nd)
+        self.group, self.out_channels = int(group), int(out_channels)
+        self.is_1x1 = all(k == 1 for k in kernel) and all(s == 1 for s in stride) and all(p == 0 for p in pad)
+        self.rows_g = u.rows // self.group                       # Caffe's kernel_dim_
+        self.out_g = self.out_channels // self.group             # conv_out_channels_ / group_
+        self.weight_g = self.out_g * self.rows_g                 # Caffe's weight_offset_
+        self.weight_count = self.weight_g * self.group
+        self.out_count = self.out_channels * u.positions         # one image's output side
+        self.chunk_limit = max(1, GPU_BUFFER_BYTES // max(4, 4 * u.col_count))
+        self.dw_chunk_limit = max(1, GPU_BUFFER_BYTES // (4 * max(1, self.weight_count)))
+
+    def _chunks(self, num):
+        step = num if self.is_1x1 else self.chunk_limit
+        for start in range(0, num, max(1, step)):
+            yield start, min(step, num - start)
+
+    def _columns(self, dev, ims, start, m):
+        """The chunk's column buffer, unrolled from ims (for a 1x1 convolution: the images themselves)."""
+        u = self.unroll
+        if self.is_1x1:
+            return ims.at(start * u.im_count, m * u.im_count)
+        col = gpu_scratch(self, "_gpu_col", dev, m * u.col_count)
+        u.im2col(dev, ims.at(start * u.im_count, m * u.im_count), col, m)
+        return col
+
+    def _gemms(self, dev, trans_a, trans_b, m, n, k, a, b, beta, c, images, by_groups=None):
+        """C_ig = op(A_ig) op(B_ig) + beta C_ig for every image i < images and group g. a, b and c are
+        (array, image stride, group stride); one strided-batched GEMM per group (batched over the images) or,
+        where by_groups (default: more groups than images), one per image (batched over the groups)."""
+        (a, a_image, a_group), (b, b_image, b_group), (c, c_image, c_group) = a, b, c
+        if by_groups is None:
+            by_groups = self.group > images
+        if by_groups:
+            for i in range(images):
+                dev.gemm_batched(trans_a, trans_b, m, n, k, 1.0, a.at(i * a_image), a_group, b.at(i * b_image),
+                                 b_group, beta, c.at(i * c_image), c_group, self.group)
+        else:
+            for g in range(self.group):
+                dev.gemm_batched(trans_a, trans_b, m, n, k, 1.0, a.at(g * a_group), a_image, b.at(g * b_group),
+                                 b_image, beta, c.at(g * c_group), c_image, images)
+
+    def _forward_gemm(self, dev, w, col, out, m):
+        """out_i = W col_i, group by group."""
+        P = self.unroll.positions
+        self._gemms(dev, False, False, self.out_g, P, self.rows_g, (w, 0, self.weight_g),
+                    (col, self.unroll.col_count, self.rows_g * P), 0.0, (out, self.out_count, self.out_g * P), m)
+
+    def _backward_gemm(self, dev, w, y, col, m):
+        """col_i = W^T y_i, group by group."""
+        P = self.unroll.positions
+        self._gemms(dev, True, False, self.rows_g, P, self.out_g, (w, 0, self.weight_g),
+                    (y, self.out_count, self.out_g * P), 0.0, (col, self.unroll.col_count, self.rows_g * P), m)
+
+    def _weight_gemm(self, dev, y, col, dw, m):
+        """dW += sum over the m images of y_i col_i^T, group by group."""
+        P, col_count = self.unroll.positions, self.unroll.col_count
+        if self.group > 1 and (self.group > m or self.dw_chunk_limit == 1):
+            # batched over the groups, image after image, straight into dW
+            self._gemms(dev, False, True, self.out_g, self.rows_g, P, (y, self.out_count, self.out_g * P),
+                        (col, col_count, self.rows_g * P), 1.0, (dw, 0, self.weight_g), m, by_groups=True)
+            return
+        for s in range(0, m, self.dw_chunk_limit):
+            b = min(self.dw_chunk_limit, m - s)
+            ys, cs = y.at(s * self.out_count), col.at(s * col_count)
+            if b == 1:   # one image: its groups' products go straight into dW
+                self._gemms(dev, False, True, self.out_g, self.rows_g, P, (ys, 0, self.out_g * P),
+                            (cs, 0, self.rows_g * P), 1.0, (dw, 0, self.weight_g), 1, by_groups=True)
+                continue
+            scratch = gpu_scratch(self, "_gpu_dw", dev, b * self.weight_count)
+            self._gemms(dev, False, True, self.out_g, self.rows_g, P, (ys, self.out_count, self.out_g * P),
+                        (cs, col_count, self.rows_g * P), 0.0, (scratch, self.weight_count, self.weight_g), b,
+                        by_groups=False)
+            dev.gemv(True, b, self.weight_count, 1.0, scratch, gpu_ones(self, dev, b), 1.0, dw)
+
+    def image_to_output(self, dev, w, ims, num, out=None, dw=None, y=None):
+        """col = im2col(ims); out = W col, and/or dW += y col^T (device arrays of num images).
+        Convolution forward (out) and a deconvolution's backward (out = bottom diff, dW with y = its bottom)."""
+        for start, m in self._chunks(num):
+            col = self._columns(dev, ims, start, m)
+            if dw is not None:
+                self._weight_gemm(dev, y.at(start * self.out_count), col, dw, m)
+            if out is not None:
+                self._forward_gemm(dev, w, col, out.at(start * self.out_count, m * self.out_count), m)
+
+    def output_to_image(self, dev, w, y, num, ims_out=None, dw=None, ims_in=None):
+        """ims_out = col2im(W^T y), and/or dW += y im2col(ims_in)^T.
+        Convolution backward (bottom diff, weight diff) and a deconvolution's forward (ims_out = its top)."""
+        u = self.unroll
+        for start, m in self._chunks(num):
+            ys = y.at(start * self.out_count, m * self.out_count)
+            if dw is not None:
+                self._weight_gemm(dev, ys, self._columns(dev, ims_in, start, m), dw, m)
+            if ims_out is not None:
+                chunk_out = ims_out.at(start * u.im_count, m * u.im_count)
+                if self.is_1x1:
+                    self._backward_gemm(dev, w, ys, chunk_out, m)
+                else:
+                    col = gpu_scratch(self, "_gpu_col", dev, m * u.col_count)
+                    self._backward_gemm(dev, w, ys, col, m)
+                    u.col2im(dev, col, chunk_out, m)
 
 
 # --- layers -------------------------------------------------------------------------------------------------
@@ -165,6 +372,46 @@ class _BaseConvolution(Layer):
             else:
                 self.engine.output_to_image(w, dy, ims_out=dx, dw=dw, ims_in=x)
 
+    def _gpu_engine(self):
+        if getattr(self, "_gpu_engine_key", None) != self._engine_key:
+            self._gpu_engine_key = self._engine_key
+            im_shape, out_channels = self._engine_key
+            self._gpu = GpuConvEngine(im_shape, self.kernel, self.pad, self.stride, self.dilation, self.group,
+                                     out_channels, self.force_nd_im2col)
+        return self._gpu
+
+    def forward_gpu(self, bottom, top):
+        dev, engine = device.current(), self._gpu_engine()
+        w, spatial = self.blobs[0].gpu_data, count(self.output_spatial)
+        for b, t in zip(bottom, top):
+            x, y = b.gpu_data, t.mutable_gpu_data
+            if self.reverse_dimensions:
+                engine.output_to_image(dev, w, x, self.num, ims_out=y)
+            else:
+                engine.image_to_output(dev, w, x, self.num, out=y)
+            if self.bias_term:
+                gpu_add_bias(self, dev, self.blobs[1].gpu_data, y, self.num, self.num_output, spatial)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        dev, engine = device.current(), self._gpu_engine()
+        w = self.blobs[0].gpu_data
+        want_w = self.param_propagate_down[0]
+        want_b = self.bias_term and self.param_propagate_down[1]
+        dw = self.blobs[0].mutable_gpu_diff if want_w else None
+        for i, (t, b) in enumerate(zip(top, bottom)):
+            dy = t.gpu_diff
+            if want_b:
+                gpu_bias_diff(self, dev, dy, self.blobs[1].mutable_gpu_diff, self.num, self.num_output,
+                              count(self.output_spatial))
+            dx = b.mutable_gpu_diff if propagate_down[i] else None
+            if dw is None and dx is None:
+                continue
+            x = b.gpu_data
+            if self.reverse_dimensions:
+                engine.image_to_output(dev, w, dy, self.num, out=dx, dw=dw, y=x)
+            else:
+                engine.output_to_image(dev, w, dy, self.num, ims_out=dx, dw=dw, ims_in=x)
+
     def flops(self, bottom, top):
         # Per image: a GEMM of (conv_out / g) x (kernel_dim) x (conv spatial size) per group, 2 ops per MAC,
         # plus one add per output element for the bias.
@@ -223,6 +470,21 @@ class Im2colLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             self._run(np.ascontiguousarray(top[0].diff), bottom[0].diff, _k.col2im)
+
+    def _gpu_unroll(self):
+        key = (self.im_shape, self.kernel, self.pad, self.stride, self.dilation, self.force_nd_im2col)
+        if getattr(self, "_gpu_unroll_key", None) != key:
+            self._gpu_unroll_key = key
+            self._gpu = GpuUnroll(*key)
+        return self._gpu
+
+    def forward_gpu(self, bottom, top):
+        # Caffe's im2col_layer.cu loops over images; the batched kernel unrolls them all in one launch.
+        self._gpu_unroll().im2col(device.current(), bottom[0].gpu_data, top[0].mutable_gpu_data, self.num)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self._gpu_unroll().col2im(device.current(), top[0].gpu_diff, bottom[0].mutable_gpu_diff, self.num)
 
     def flops(self, bottom, top):
         return 0   # data movement only

@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from .. import common
+from ..backend import device
 from ..errors import DataError
 from ..net.filler import fill
 from ..proto import caffe_pb2
@@ -44,8 +45,13 @@ class _PrefetchingLayer(_SourceLayer):
     tops: data (batch, C, H, W) [, label (batch,)]. `prefetcher.wait_s` is the time forward waited for data."""
 
     def start_prefetch(self, make_batch, depth):
-        from ..data.prefetch import Prefetcher
-        self.prefetcher = Prefetcher(make_batch, depth, owner=self, name="prefetch-" + self.name)
+        from ..data.prefetch import DeviceStager, Prefetcher
+        stage = DeviceStager()
+
+        def make_staged_batch():
+            data, labels = make_batch()
+            return data, labels, stage([data] if labels is None else [data, labels])
+        self.prefetcher = Prefetcher(make_staged_batch, depth, owner=self, name="prefetch-" + self.name)
 
     def reshape(self, bottom, top):
         batch = getattr(self.param, self.param_field).batch_size
@@ -54,11 +60,25 @@ class _PrefetchingLayer(_SourceLayer):
             top[1].reshape((batch,))
 
     def forward(self, bottom, top):
-        data, labels = self.prefetcher.next()
+        data, labels, _ = self.prefetcher.next()
         top[0].reshape(data.shape)           # records of another size in this batch (Caffe reshapes per batch)
         top[0].data[...] = data
         if len(top) > 1:
             top[1].data[...] = labels
+
+    def forward_gpu(self, bottom, top):
+        data, labels, staged = self.prefetcher.next()
+        if staged is None:                   # made before GPU mode was switched on
+            top[0].reshape(data.shape)
+            top[0].data[...] = data
+            if len(top) > 1:
+                top[1].data[...] = labels
+            return
+        dev = device.current()
+        top[0].reshape(data.shape)
+        dev.copy(top[0].mutable_gpu_data, staged[0])
+        if len(top) > 1:
+            dev.copy(top[1].mutable_gpu_data, staged[1])
 
     def shard(self):
         """(index, count) of the records this layer reads: the process's data shard in TRAIN, all in TEST."""

@@ -1,7 +1,10 @@
-"""InnerProduct and Embed, after Caffe's src/caffe/layers/inner_product_layer.cpp and embed_layer.cpp."""
+"""InnerProduct and Embed, after Caffe's src/caffe/layers/inner_product_layer.cpp and embed_layer.cpp; on the GPU
+inner_product_layer.cu (cuBLAS) and embed_layer.cu (kernels in csrc/cuda/im2col.cu)."""
 import numpy as np
 
+from ..backend import device
 from ..net.blob import count
+from .conv import gpu_ones, gpu_scratch
 from .base import Layer, check_param_shapes, checked_axis
 from .registry import register
 
@@ -59,6 +62,38 @@ class InnerProductLayer(Layer):
             w = self.blobs[0].data
             np.dot(dy, w.T if self.transpose else w, out=bottom[0].diff.reshape(self.M, self.K))
 
+    def forward_gpu(self, bottom, top):
+        # Caffe's inner_product_layer.cu: a GEMV for one row (with the weights' layout honoured, which Caffe's
+        # M == 1 branch forgets under `transpose`), else a GEMM; the bias as a rank-1 GEMM with ones.
+        dev, M, N, K = device.current(), self.M, self.num_output, self.K
+        x, w, y = bottom[0].gpu_data, self.blobs[0].gpu_data, top[0].mutable_gpu_data
+        if M == 1:
+            if self.transpose:
+                dev.gemv(True, K, N, 1.0, w, x, 0.0, y)
+            else:
+                dev.gemv(False, N, K, 1.0, w, x, 0.0, y)
+            if self.bias_term:
+                dev.axpy(N, 1.0, self.blobs[1].gpu_data, y)
+            return
+        dev.gemm(False, not self.transpose, M, N, K, 1.0, x, w, 0.0, y)
+        if self.bias_term:
+            dev.gemm(False, False, M, N, 1, 1.0, gpu_ones(self, dev, M), self.blobs[1].gpu_data, 1.0, y)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        dev, M, N, K = device.current(), self.M, self.num_output, self.K
+        dy, x = top[0].gpu_diff, bottom[0].gpu_data
+        if self.param_propagate_down[0]:
+            dw = self.blobs[0].mutable_gpu_diff      # Caffe accumulates: beta = 1
+            if self.transpose:
+                dev.gemm(True, False, K, N, M, 1.0, x, dy, 1.0, dw)
+            else:
+                dev.gemm(True, False, N, K, M, 1.0, dy, x, 1.0, dw)
+        if self.bias_term and self.param_propagate_down[1]:
+            dev.gemv(True, M, N, 1.0, dy, gpu_ones(self, dev, M), 1.0, self.blobs[1].mutable_gpu_diff)
+        if propagate_down[0]:
+            dev.gemm(False, self.transpose, M, K, N, 1.0, dy, self.blobs[0].gpu_data, 0.0,
+                     bottom[0].mutable_gpu_diff)
+
     def flops(self, bottom, top):
         return self.M * self.num_output * (2 * self.K + (1 if self.bias_term else 0))
 
@@ -91,7 +126,7 @@ class EmbedLayer(Layer):
         top[0].reshape(bottom[0].shape + (self.num_output,))
 
     def _indices(self, bottom):
-        values = bottom[0].data.reshape(-1)
+        values = bottom[0].cpu_data.reshape(-1)   # read only: a device copy stays current
         index = values.astype(np.int64)
         bad = (index < 0) | (index >= self.input_dim) | (index != values)
         if bad.any():
@@ -113,6 +148,44 @@ class EmbedLayer(Layer):
             np.add.at(self.blobs[0].diff, self._indices(bottom), dy)   # repeated indices add up
         if self.bias_term and self.param_propagate_down[1]:
             self.blobs[1].diff[...] += dy.sum(axis=0)
+
+    def forward_gpu(self, bottom, top):
+        # Caffe's embed_layer.cu gathers rows of W by the indices. The indices are checked on the host first, as
+        # the CPU code does (Caffe's GPU does not check them): they are few, one per top row.
+        dev = device.current()
+        index = self._indices(bottom).astype(np.int32)
+        rows = index.size
+        if rows == 0:
+            return
+        gpu_index = gpu_scratch(self, "_gpu_index", dev, rows, dtype=np.int32)
+        dev.upload(gpu_index.at(0, rows), index)
+        y = top[0].mutable_gpu_data
+        dev.launch("embed_forward", rows * self.num_output, gpu_index, self.blobs[0].gpu_data, self.num_output, y)
+        if self.bias_term:
+            dev.gemm(False, False, rows, self.num_output, 1, 1.0, gpu_ones(self, dev, rows), self.blobs[1].gpu_data,
+                     1.0, y)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        self.check(not propagate_down[0], "Can't backpropagate to EmbedLayer input.")
+        dev = device.current()
+        dy = top[0].gpu_diff
+        rows = count(bottom[0].shape)
+        if rows == 0:
+            return
+        if self.param_propagate_down[0]:
+            # Caffe's EmbedBackward adds with atomics; we group the positions of each index on the host (stable, so
+            # in position order, as np.add.at adds them) and let one thread per weight entry sum its own.
+            index = self._indices(bottom)
+            positions = np.argsort(index, kind="stable").astype(np.int32)
+            starts = np.searchsorted(index[positions], np.arange(self.input_dim + 1)).astype(np.int32)
+            table = gpu_scratch(self, "_gpu_table", dev, rows + self.input_dim + 1, dtype=np.int32)
+            dev.upload(table.at(0, rows), positions)
+            dev.upload(table.at(rows, self.input_dim + 1), starts)
+            dev.launch("embed_backward", self.input_dim * self.num_output, dy, table.at(0, rows),
+                       table.at(rows, self.input_dim + 1), self.num_output, self.blobs[0].mutable_gpu_diff)
+        if self.bias_term and self.param_propagate_down[1]:
+            dev.gemv(True, rows, self.num_output, 1.0, dy, gpu_ones(self, dev, rows), 1.0,
+                     self.blobs[1].mutable_gpu_diff)
 
     def allow_force_backward(self, bottom_index):
         # Caffe's Embed backward CHECKs "Can't backpropagate to EmbedLayer input." and does not override

@@ -9,13 +9,13 @@ Labels are float blobs read as Caffe's static_cast<int> (truncation toward zero)
 """
 import numpy as np
 
-from ..backend import softmax
+from ..backend import device, softmax
 from ..io.binaryproto import read_binary
 from ..net.blob import Blob
 from ..proto import caffe_pb2
 from .base import Layer, checked_axis
 from .registry import register
-from .softmax import SOFTMAX_FLOPS_PER_ELEMENT
+from .softmax import SOFTMAX_FLOPS_PER_ELEMENT, gpu_forward as softmax_gpu_forward, scratch
 
 LossParameter = caffe_pb2.LossParameter
 
@@ -83,6 +83,18 @@ def read_labels(layer, blob, num_labels, ignore_label=None, count=None):
         raise layer.error("label %d at position %d is outside [0, %d)%s" % (
             labels[i], i, num_labels, "" if ignore_label is None else " and is not ignore_label %d" % ignore_label))
     return np.where(valid, labels, 0), valid
+
+
+def ignore_args(ignore_label):
+    """(has_ignore_label, ignore_label) as the GPU kernels take them."""
+    return (0, 0) if ignore_label is None else (1, ignore_label)
+
+
+def refuse_bad_labels(layer, dev, bad, blob, num_labels, ignore_label):
+    """The GPU kernels flag labels outside [0, num_labels) instead of reading past the class axis; where any is
+    flagged, raise the CPU path's error (read_labels names the first one)."""
+    if dev.asum(bad.size, bad) > 0:
+        read_labels(layer, blob, num_labels, ignore_label)
 
 
 def _labels_match(layer, bottom, axis, what):
@@ -167,6 +179,46 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         diff[i, labels[i, j], j] -= 1
         self.scaled_diff(top, valid, diff)
 
+    # GPU, as softmax_loss_layer.cu: per-position loss and count arrays reduced with asum on the device; only the
+    # loss (and, for VALID with ignore_label, the valid count) comes to the host.
+
+    def _gpu_normalizer(self, dev, counts):
+        if self.normalization == LossParameter.VALID and self.ignore_label is not None:
+            valid = int(round(dev.asum(counts.size, counts)))
+        else:
+            valid = self.outer_num * self.inner_num    # every position counts: no need to sum
+        return normalizer(self.normalization, self.outer_num, self.inner_num, valid)
+
+    def forward_gpu(self, bottom, top):
+        dev = device.current()
+        channels, positions = bottom[0].shape[self.axis], self.outer_num * self.inner_num
+        prob = top[1].mutable_gpu_data if len(top) > 1 else scratch(self, "_prob_gpu", bottom[0].count)
+        softmax_gpu_forward(bottom[0].gpu_data, prob, self.outer_num, channels, self.inner_num,
+                            scratch(self, "_scale_gpu", positions))
+        loss = scratch(self, "_loss_gpu", positions)
+        counts = scratch(self, "_counts_gpu", positions)
+        bad = scratch(self, "_bad_gpu", positions)
+        dev.launch("softmax_loss_forward", positions, prob, bottom[1].gpu_data, channels, self.inner_num,
+                   *ignore_args(self.ignore_label), loss, counts, bad)
+        refuse_bad_labels(self, dev, bad, bottom[1], channels, self.ignore_label)
+        total = np.float32(dev.asum(positions, loss))
+        top[0].data[...] = total / np.float32(self._gpu_normalizer(dev, counts))
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        self.no_backward_into(propagate_down, 1)
+        if not propagate_down[0]:
+            return
+        dev = device.current()
+        channels, positions = bottom[0].shape[self.axis], self.outer_num * self.inner_num
+        diff = bottom[0].mutable_gpu_diff
+        # The probabilities of the forward: top[1] when there is one (Caffe's top[1]->ShareData(prob_)).
+        dev.copy(diff, top[1].gpu_data if len(top) > 1 else scratch(self, "_prob_gpu", bottom[0].count))
+        counts = scratch(self, "_counts_gpu", positions)
+        dev.launch("softmax_loss_backward", positions, bottom[1].gpu_data, channels, self.inner_num,
+                   *ignore_args(self.ignore_label), diff, counts)
+        weight = np.float32(top[0].cpu_diff[()]) / np.float32(self._gpu_normalizer(dev, counts))
+        dev.scal(bottom[0].count, float(weight), diff)
+
     def flops(self, bottom, top):
         return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count + 2 * self.outer_num * self.inner_num
 
@@ -220,6 +272,32 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
             np.copyto(diff, 0, where=~valid.reshape(diff.shape))
         diff *= self.loss_weight(top) / x.dtype.type(self._normalizer)
 
+    def forward_gpu(self, bottom, top):
+        # sigmoid_cross_entropy_loss_layer.cu: per-element terms and counts on the device, then their sums. The terms
+        # are summed by a dot product with ones rather than Caffe's asum: a target outside [0, 1] can make a term
+        # positive, and the CPU path sums the signed terms.
+        dev = device.current()
+        count = bottom[0].count
+        terms = scratch(self, "_terms_gpu", count)
+        counts = scratch(self, "_counts_gpu", count)
+        dev.launch("sigmoid_ce_loss_forward", count, bottom[0].gpu_data, bottom[1].gpu_data,
+                   *ignore_args(self.ignore_label), terms, counts)
+        loss = -np.float32(dev.dot(count, terms, scratch(self, "_ones_gpu", count, 1.0)))
+        if self.normalization == LossParameter.VALID and self.ignore_label is not None:
+            valid_count = int(round(dev.asum(count, counts)))
+        else:
+            valid_count = count    # only VALID reads it
+        self._normalizer = normalizer(self.normalization, bottom[0].shape[0], bottom[0].count_range(1), valid_count)
+        top[0].data[...] = loss / np.float32(self._normalizer)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        self.no_backward_into(propagate_down, 1)
+        if not propagate_down[0]:
+            return
+        scale = np.float32(top[0].cpu_diff[()]) / np.float32(self._normalizer)
+        device.current().launch("sigmoid_ce_loss_backward", bottom[0].count, bottom[0].gpu_data, bottom[1].gpu_data,
+                                *ignore_args(self.ignore_label), float(scale), bottom[0].mutable_gpu_diff)
+
     def flops(self, bottom, top):
         # sigmoid (4) for the diff + x * (t - (x >= 0)) - log(1 + exp(x - 2x(x >= 0))) (~6) per element
         return 10 * bottom[0].count
@@ -245,6 +323,25 @@ class EuclideanLossLayer(LossLayer):
             if propagate_down[i]:
                 alpha = sign * self.loss_weight(top) / self._diff.dtype.type(bottom[i].shape[0])
                 np.multiply(self._diff, alpha, out=bottom[i].diff.reshape(-1))
+
+    def forward_gpu(self, bottom, top):
+        # euclidean_loss_layer.cu: diff_ = a - b on the device, loss = dot(diff_, diff_) / num / 2.
+        dev = device.current()
+        count = bottom[0].count
+        diff = scratch(self, "_diff_gpu", count)
+        dev.launch("gpu_sub", count, bottom[0].gpu_data, bottom[1].gpu_data, diff)
+        dot = np.float32(dev.dot(count, diff, diff))
+        top[0].data[...] = dot / np.float32(bottom[0].shape[0]) / np.float32(2)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        dev = device.current()
+        diff = scratch(self, "_diff_gpu", bottom[0].count)
+        for i, sign in ((0, 1), (1, -1)):
+            if propagate_down[i]:
+                alpha = sign * np.float32(top[0].cpu_diff[()]) / np.float32(bottom[i].shape[0])
+                # Caffe's caffe_gpu_axpby(alpha, diff_, 0, bottom_diff), written as a plain scale: 0 * a stale NaN
+                # in the bottom's diff would stay NaN.
+                dev.launch("gpu_scale", bottom[i].count, float(alpha), diff, bottom[i].mutable_gpu_diff)
 
     def allow_force_backward(self, bottom_index):
         # euclidean_loss_layer.hpp: "Unlike most loss layers, in the EuclideanLossLayer we can backpropagate
@@ -532,6 +629,33 @@ class AccuracyLayer(Layer):
             hits = np.bincount(labels[correct], minlength=num_labels).astype(scores.dtype)
             top[1].data[...] = 0    # classes without a valid position
             np.divide(hits, per_label, out=top[1].data, where=per_label > 0)
+
+    def forward_gpu(self, bottom, top):
+        # accuracy_layer.cu: a 0/1 hit and a 0/1 count per label position, summed on the device. The per-class
+        # tallies use AccuracyForwardWithPerClassGPU's layout (class-major, one row of positions per class), whose
+        # row sums one GEMV against ones gives at once instead of Caffe's two asums per class.
+        dev = device.current()
+        num_labels = bottom[0].shape[self.axis]
+        positions = self.outer_num * self.inner_num
+        correct = scratch(self, "_correct_gpu", positions)
+        counts = scratch(self, "_counts_gpu", positions)
+        bad = scratch(self, "_bad_gpu", positions)
+        labels = bottom[1].gpu_data
+        dev.launch("accuracy_forward", positions, bottom[0].gpu_data, labels, num_labels, self.inner_num, self.top_k,
+                   *ignore_args(self.ignore_label), correct, counts, bad)
+        refuse_bad_labels(self, dev, bad, bottom[1], num_labels, self.ignore_label)
+        hits, count = np.float32(dev.asum(positions, correct)), np.float32(dev.asum(positions, counts))
+        top[0].data[...] = 0 if count == 0 else hits / count
+        if len(top) > 1:
+            tallies = scratch(self, "_tallies_gpu", 2 * num_labels * positions)   # hits rows, then seen rows
+            n = num_labels * positions
+            dev.launch("accuracy_per_class", n, labels, correct, counts, positions, tallies.at(0, n), tallies.at(n, n))
+            sums = scratch(self, "_class_sums_gpu", 2 * num_labels)
+            dev.gemv(False, 2 * num_labels, positions, 1.0, tallies, scratch(self, "_ones_gpu", positions, 1.0), 0.0,
+                     sums)
+            class_hits, per_label = np.split(dev.to_host(sums), 2)
+            top[1].data[...] = 0    # classes without a valid position
+            np.divide(class_hits, per_label, out=top[1].data, where=per_label > 0)
 
     def backward(self, top, propagate_down, bottom):
         self.check(not any(propagate_down), "Accuracy has no backward (Caffe: Not Implemented Yet)")

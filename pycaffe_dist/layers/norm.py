@@ -1,10 +1,16 @@
-"""LRN, MVN and BatchNorm, after Caffe's src/caffe/layers/lrn_layer.cpp, mvn_layer.cpp and batch_norm_layer.cpp."""
+"""LRN, MVN and BatchNorm, after Caffe's src/caffe/layers/lrn_layer.cpp, mvn_layer.cpp and batch_norm_layer.cpp.
+
+Their GPU code follows lrn_layer.cu, mvn_layer.cu and batch_norm_layer.cu (kernels in csrc/cuda/lrn.cu and
+norm.cu): sums over groups are GEMVs against vectors of ones, as Caffe's; the broadcasts back are kernels.
+"""
 import numpy as np
 
+from ..backend import device
 from ..backend import lrn as lrn_kernels
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
+from .softmax import scratch
 
 LEGACY_4D = "Input must have 4 axes, corresponding to (num, channels, height, width)"
 
@@ -67,6 +73,50 @@ class LRNLayer(Layer):
         square_diff = lrn_kernels.window_sum(pooled_diff / dt(self.size * self.size), self.size)
         bottom_diff[...] = self.power * top_diff + square_diff * (dt(2) * x)
 
+    # --- GPU: ACROSS_CHANNELS as lrn_layer.cu (LRNFillScale, LRNComputeOutput, LRNComputeDiff); WITHIN_CHANNEL as
+    # the CPU code above (our layer computes Caffe's sub-net itself, so it runs on the device here too).
+
+    def forward_gpu(self, bottom, top):
+        dev = device.current()
+        num, channels, height, width = bottom[0].shape
+        count, pixels = bottom[0].count, height * width
+        f32 = np.float32
+        x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
+        if self.across_channels:
+            scale = scratch(self, "_scale_gpu", count)
+            alpha_over_size = f32(self.alpha) / f32(self.size)    # as lrn.pyx: in the blob's precision
+            dev.launch("lrn_fill_scale", num * pixels, x, channels, pixels, self.size, float(alpha_over_size),
+                       self.k, scale)
+            dev.launch("lrn_compute_output", count, x, scale, -self.beta, y)
+        else:
+            square = scratch(self, "_square_gpu", count)
+            pooled = scratch(self, "_pooled_gpu", count)
+            dev.launch("gpu_sqr", count, x, square)
+            dev.launch("lrn_within_pool", count, square, height, width, self.size, self.size * self.size, pooled)
+            dev.launch("lrn_within_output", count, x, pooled, self.alpha, -self.beta,
+                       scratch(self, "_power_gpu", count), y)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dev = device.current()
+        num, channels, height, width = bottom[0].shape
+        count, pixels = bottom[0].count, height * width
+        x, dy = bottom[0].gpu_data, top[0].gpu_diff
+        if self.across_channels:
+            neg_cache_ratio = -(2.0 * self.alpha * self.beta / self.size)   # computed in double, as Caffe's
+            dev.launch("lrn_compute_diff", num * pixels, x, top[0].gpu_data, scratch(self, "_scale_gpu", count), dy,
+                       channels, pixels, self.size, -self.beta, neg_cache_ratio, bottom[0].mutable_gpu_diff)
+        else:
+            pooled, power = scratch(self, "_pooled_gpu", count), scratch(self, "_power_gpu", count)
+            pooled_diff = scratch(self, "_square_gpu", count)
+            square_diff = scratch(self, "_square_diff_gpu", count)
+            power_scale = np.float32(-self.beta) * np.float32(self.alpha)
+            dev.launch("lrn_within_power_diff", count, x, dy, pooled, power, self.alpha, float(power_scale),
+                       self.size * self.size, pooled_diff)
+            dev.launch("lrn_within_pool", count, pooled_diff, height, width, self.size, 1.0, square_diff)
+            dev.launch("lrn_within_diff", count, x, dy, power, square_diff, bottom[0].mutable_gpu_diff)
+
     def flops(self, bottom, top):
         # Per element: a window of squares summed (2 per element of the window), scale = k + alpha/n * sum (2),
         # the power (counted 1) and the product (1).
@@ -116,6 +166,51 @@ class MVNLayer(Layer):
         else:
             dx = dy - dy.mean(axis=1, keepdims=True)
         bottom[0].diff.reshape(rows, -1)[...] = dx
+
+    # --- GPU, as mvn_layer.cu: row sums are GEMVs against ones; std = sqrt(mean of squares) + eps (the CPU's
+    # sqrt where Caffe writes powx(0.5)).
+
+    def forward_gpu(self, bottom, top):
+        dev = device.current()
+        rows = self._rows(bottom[0])
+        count = bottom[0].count
+        dim = count // rows if rows else 0
+        ones = scratch(self, "_ones_gpu", dim, 1.0)
+        mean = scratch(self, "_mean_gpu", rows)
+        y = top[0].mutable_gpu_data
+        dev.gemv(False, rows, dim, 1.0 / dim, bottom[0].gpu_data, ones, 0.0, mean)
+        dev.launch("norm_subtract_group", count, bottom[0].gpu_data, mean, rows, dim, y)
+        if self.param.mvn_param.normalize_variance:
+            square = scratch(self, "_square_gpu", count)
+            std = scratch(self, "_std_gpu", rows)
+            dev.launch("gpu_sqr", count, y, square)
+            dev.gemv(False, rows, dim, 1.0 / dim, square, ones, 0.0, std)
+            dev.launch("gpu_sqrt", rows, std, std)
+            dev.launch("gpu_add_scalar", rows, self.param.mvn_param.eps, std)   # eps on the std, as Caffe
+            dev.launch("norm_divide_group", count, y, std, rows, dim, y)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dev = device.current()
+        rows = self._rows(bottom[0])
+        count = bottom[0].count
+        dim = count // rows if rows else 0
+        ones = scratch(self, "_ones_gpu", dim, 1.0)
+        dy = top[0].gpu_diff
+        sum_dy = scratch(self, "_mean_gpu", rows)
+        if self.param.mvn_param.normalize_variance:
+            y = top[0].gpu_data
+            product = scratch(self, "_square_gpu", count)
+            sum_dyy = scratch(self, "_sum_dyy_gpu", rows)
+            dev.launch("gpu_mul", count, dy, y, product)
+            dev.gemv(False, rows, dim, 1.0, product, ones, 0.0, sum_dyy)
+            dev.gemv(False, rows, dim, 1.0, dy, ones, 0.0, sum_dy)
+            dev.launch("norm_backward", count, dy, y, sum_dyy, sum_dy, scratch(self, "_std_gpu", rows), rows, dim,
+                       -1.0 / dim, bottom[0].mutable_gpu_diff)
+        else:
+            dev.gemv(False, rows, dim, 1.0 / dim, dy, ones, 0.0, sum_dy)     # the mean of dy
+            dev.launch("norm_subtract_group", count, dy, sum_dy, rows, dim, bottom[0].mutable_gpu_diff)
 
     def flops(self, bottom, top):
         # mean (1 add) and subtraction (1) per element; with variance: square + add (2), divide (1), plus sqrt per
@@ -218,6 +313,72 @@ class BatchNormLayer(Layer):
             dx = y * np.sum(dy * y, axis=(0, 2), keepdims=True) + np.sum(dy, axis=(0, 2), keepdims=True)
             dx = (dy + dt(-1.0 / (y.size // self.channels)) * dx) / self.std
         bottom[0].diff.reshape(n, self.channels, -1)[...] = dx
+
+    # --- GPU, as batch_norm_layer.cu: per-channel sums are two GEMVs against ones (over the spatial axis, then over
+    # the num axis); the statistics factor blobs[2] is read and updated on the host, as Caffe's cpu_data()[0].
+
+    def _channel_sums(self, dev, x, alpha, out, num, spatial):
+        """out (channels) = alpha * sum of x (num, channels, spatial) over num and spatial."""
+        by_image = scratch(self, "_num_by_chans_gpu", num * self.channels)
+        dev.gemv(False, num * self.channels, spatial, alpha, x, scratch(self, "_spatial_ones_gpu", spatial, 1.0), 0.0,
+                 by_image)
+        dev.gemv(True, num, self.channels, 1.0, by_image, scratch(self, "_num_ones_gpu", num, 1.0), 0.0, out)
+
+    def forward_gpu(self, bottom, top):
+        dev = device.current()
+        num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
+        spatial = count // (num * c) if num * c else 0
+        f32 = np.float32
+        x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
+        mean = scratch(self, "_mean_gpu", c)
+        std = scratch(self, "_std_gpu", c)          # the variance, then sqrt(variance + eps) for the backward
+        if self.use_global_stats:
+            factor = self.blobs[2].cpu_data.reshape(-1)[0]
+            factor = f32(0) if factor == 0 else f32(1) / f32(factor)
+            dev.launch("gpu_scale", c, float(factor), self.blobs[0].gpu_data, mean)
+            dev.launch("gpu_scale", c, float(factor), self.blobs[1].gpu_data, std)
+        else:
+            self._channel_sums(dev, x, 1.0 / (num * spatial), mean, num, spatial)
+        dev.launch("norm_subtract_group", count, x, mean, c, spatial, y)
+        if not self.use_global_stats:
+            square = scratch(self, "_square_gpu", count)
+            dev.launch("gpu_sqr", count, y, square)
+            self._channel_sums(dev, square, 1.0 / (num * spatial), std, num, spatial)
+            # the moving averages, as _update_moving_averages
+            maf = self.moving_average_fraction
+            factor = self.blobs[2].data.reshape(-1)
+            factor[0] = factor[0] * maf + 1
+            dev.axpby(c, 1.0, mean, maf, self.blobs[0].mutable_gpu_data)
+            m = count // c
+            correction = m / (m - 1) if m > 1 else 1.0
+            dev.axpby(c, correction, std, maf, self.blobs[1].mutable_gpu_data)
+        dev.launch("gpu_add_scalar", c, self.eps, std)
+        dev.launch("gpu_sqrt", c, std, std)
+        dev.launch("norm_divide_group", count, y, std, c, spatial, y)
+        if not self.use_global_stats:
+            # Caffe's x_norm_: later in-place layers may overwrite the top, the TRAIN backward needs it.
+            dev.copy(scratch(self, "_x_norm_gpu", count), y)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dev = device.current()
+        num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
+        spatial = count // (num * c) if num * c else 0
+        std = scratch(self, "_std_gpu", c)
+        dy = top[0].gpu_diff
+        if self.use_global_stats:
+            dev.launch("norm_divide_group", count, dy, std, c, spatial, bottom[0].mutable_gpu_diff)
+            return
+        # dx = (dy - mean(dy) - mean(dy * y) * y) / std, y = x_norm, in the CPU path's operation order.
+        y = scratch(self, "_x_norm_gpu", count)
+        product = scratch(self, "_square_gpu", count)
+        sum_dyy, sum_dy = scratch(self, "_mean_gpu", c), scratch(self, "_sum_dy_gpu", c)
+        dev.launch("gpu_mul", count, dy, y, product)
+        self._channel_sums(dev, product, 1.0, sum_dyy, num, spatial)
+        self._channel_sums(dev, dy, 1.0, sum_dy, num, spatial)
+        dev.launch("norm_backward", count, dy, y, sum_dyy, sum_dy, std, c, spatial, -1.0 / (count // c),
+                   bottom[0].mutable_gpu_diff)
 
     def flops(self, bottom, top):
         # TRAIN: mean (1), subtract (1), square + sum for the variance (2), divide (1); with the stored

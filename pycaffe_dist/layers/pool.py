@@ -1,12 +1,14 @@
-"""Pooling and SPP, after Caffe's src/caffe/layers/pooling_layer.cpp and spp_layer.cpp."""
+"""Pooling and SPP, after Caffe's src/caffe/layers/pooling_layer.cpp and spp_layer.cpp; on the GPU
+pooling_layer.cu (kernels in csrc/cuda/pooling.cu)."""
 import math
 
 import numpy as np
 
 from .. import common
-from ..backend import pooling
+from ..backend import device, pooling
 from ..proto import caffe_pb2
 from .base import Layer
+from .conv import gpu_scratch
 from .registry import register
 
 PP = caffe_pb2.PoolingParameter
@@ -52,6 +54,50 @@ def pool_backward(pool, train, x, dy, index, dx, kernel, stride, pad, accumulate
         pooling.stochastic_test_backward(x, dy, dx, kernel, stride, accumulate)
     else:
         pooling.mask_backward(dy, index, dx, accumulate)
+
+
+def _gpu_geometry(shape, pooled, kernel, stride):
+    return (shape[2], shape[3]) + tuple(pooled) + tuple(kernel) + tuple(stride)
+
+
+def gpu_pool_forward(owner, dev, pool, train, x, y, index, shape, pooled, kernel, stride, pad):
+    """pool_forward on device arrays: x (N, C, H, W) of `shape` into y (N, C, *pooled); MAX and STOCHASTIC TRAIN
+    write the chosen positions into `index` (an int32 device array shaped like y)."""
+    n = shape[0] * shape[1] * pooled[0] * pooled[1]
+    geometry = _gpu_geometry(shape, pooled, kernel, stride)
+    if pool == PP.MAX:
+        dev.launch("pool_max_forward", n, x, *geometry, *pad, y, index)
+    elif pool == PP.AVE:
+        dev.launch("pool_ave_forward", n, x, *geometry, *pad, y)
+    elif train:
+        # Caffe draws with curand; we draw on the host with the CPU path's generator and calls, so that GPU and
+        # CPU pick the same inputs for the same seed.
+        uniform = common.rng().random((shape[0], shape[1]) + tuple(pooled), dtype=np.float32)
+        draws = gpu_scratch(owner, "_gpu_uniform", dev, n)
+        dev.upload(draws.at(0, n), uniform)
+        dev.launch("pool_stochastic_forward_train", n, x, draws, *geometry, y, index)
+    else:
+        dev.launch("pool_stochastic_forward_test", n, x, *geometry, y)
+
+
+def gpu_pool_backward(dev, pool, train, x, dy, index, dx, shape, pooled, kernel, stride, pad, accumulate=False,
+                      top_mask=None):
+    """pool_backward on device arrays; `top_mask` (Caffe's MAX mask top, floats) replaces `index` when given."""
+    n = shape[0] * shape[1] * shape[2] * shape[3]
+    geometry = _gpu_geometry(shape, pooled, kernel, stride)
+    if pool == PP.AVE:
+        dev.launch("pool_ave_backward", n, dy, *geometry, *pad, int(accumulate), dx)
+    elif pool == PP.STOCHASTIC and not train:
+        dev.launch("pool_stochastic_test_backward", n, x, dy, *geometry, int(accumulate), dx)
+    elif top_mask is not None:
+        dev.launch("pool_top_mask_backward", n, dy, top_mask, *geometry, *pad, int(accumulate), dx)
+    else:
+        dev.launch("pool_mask_backward", n, dy, index, *geometry, *pad, int(accumulate), dx)
+
+
+def gpu_index(owner, name, dev, size):
+    """An int32 device array of at least `size` elements kept on `owner` (the windows' chosen positions)."""
+    return gpu_scratch(owner, name, dev, size, dtype=np.int32)
 
 
 @register("Pooling")
@@ -138,6 +184,25 @@ class PoolingLayer(Layer):
         index = top[1].data.astype(np.int32) if len(top) > 1 else self.index
         pool_backward(self.param.pooling_param.pool, self.phase == caffe_pb2.TRAIN, bottom[0].data, top[0].diff,
                       index, bottom[0].diff, self.kernel, self.stride, self.pad)
+
+    def forward_gpu(self, bottom, top):
+        dev, pool = device.current(), self.param.pooling_param.pool
+        index = gpu_index(self, "_gpu_index", dev, top[0].count) if pool != PP.AVE else None
+        gpu_pool_forward(self, dev, pool, self.phase == caffe_pb2.TRAIN, bottom[0].gpu_data, top[0].mutable_gpu_data,
+                         index, bottom[0].shape, self.pooled, self.kernel, self.stride, self.pad)
+        if len(top) > 1:
+            dev.launch("pool_mask_to_float", top[0].count, index, top[1].mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dev, pool = device.current(), self.param.pooling_param.pool
+        # With a mask top, Caffe reads the positions back from it.
+        top_mask = top[1].gpu_data if len(top) > 1 else None
+        index = gpu_index(self, "_gpu_index", dev, top[0].count) if pool != PP.AVE and top_mask is None else None
+        gpu_pool_backward(dev, pool, self.phase == caffe_pb2.TRAIN, bottom[0].gpu_data, top[0].gpu_diff, index,
+                          bottom[0].mutable_gpu_diff, bottom[0].shape, self.pooled, self.kernel, self.stride,
+                          self.pad, top_mask=top_mask)
 
     def flops(self, bottom, top):
         # One compare (MAX) or add (AVE, STOCHASTIC) per window element, plus the AVE division per output.
@@ -235,6 +300,51 @@ class SPPLayer(Layer):
             size = y.shape[1] * y.shape[2] * y.shape[3]
             dy = np.ascontiguousarray(top[0].diff[:, offset:offset + size]).reshape(y.shape)
             pool_backward(pool, self.train, x, dy, index, dx, kernel, stride, pad, accumulate=True)
+            offset += size
+
+    def _gpu_levels(self, dev, shape):
+        """Per level: its device output buffer (None with one level: the top) and chosen positions."""
+        pool, out = self.param.spp_param.pool, []
+        for i, (_, _, _, pooled) in enumerate(self.levels):
+            size = shape[0] * shape[1] * pooled[0] * pooled[1]
+            y = gpu_scratch(self, "_gpu_level%d" % i, dev, size).at(0, size) if self.pyramid_height > 1 else None
+            index = gpu_index(self, "_gpu_index%d" % i, dev, size) if pool != PP.AVE else None
+            out.append((y, index))
+        return out
+
+    def forward_gpu(self, bottom, top):
+        dev, pool, shape = device.current(), self.param.spp_param.pool, bottom[0].shape
+        x, out = bottom[0].gpu_data, top[0].mutable_gpu_data
+        if self.pyramid_height == 1:
+            kernel, stride, pad, pooled = self.levels[0]
+            gpu_pool_forward(self, dev, pool, self.train, x, out, self._gpu_levels(dev, shape)[0][1], shape, pooled,
+                             kernel, stride, pad)
+            return
+        offset, width = 0, top[0].shape[1]
+        for (kernel, stride, pad, pooled), (y, index) in zip(self.levels, self._gpu_levels(dev, shape)):
+            gpu_pool_forward(self, dev, pool, self.train, x, y, index, shape, pooled, kernel, stride, pad)
+            size = shape[1] * pooled[0] * pooled[1]
+            # the level's (N, size) rows into columns offset..offset + size of the top (Caffe's Flatten + Concat)
+            dev.launch("gpu_copy_rows", y.size, size, y, size, 0, out, width, offset)
+            offset += size
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dev, pool, shape = device.current(), self.param.spp_param.pool, bottom[0].shape
+        x, dy, dx = bottom[0].gpu_data, top[0].gpu_diff, bottom[0].mutable_gpu_diff
+        levels = self._gpu_levels(dev, shape)
+        if self.pyramid_height == 1:
+            kernel, stride, pad, pooled = self.levels[0]
+            gpu_pool_backward(dev, pool, self.train, x, dy, levels[0][1], dx, shape, pooled, kernel, stride, pad)
+            return
+        # Level after level onto dx, as the CPU code (the first level overwrites: the CPU's zeros plus its terms).
+        offset, width = 0, top[0].shape[1]
+        for level, ((kernel, stride, pad, pooled), (y, index)) in enumerate(zip(self.levels, levels)):
+            size = shape[1] * pooled[0] * pooled[1]
+            dev.launch("gpu_copy_rows", y.size, size, dy, width, offset, y, size, 0)   # y now holds the level's dy
+            gpu_pool_backward(dev, pool, self.train, x, y, index, dx, shape, pooled, kernel, stride, pad,
+                              accumulate=level > 0)
             offset += size
 
     def flops(self, bottom, top):

@@ -1,7 +1,11 @@
 """Layers that move, combine or reduce blobs: Split, Concat, Slice, Flatten, Reshape, Crop, Tile, Eltwise, Silence,
-BatchReindex, Filter, ArgMax, Reduction, Scale, Bias, Parameter."""
+BatchReindex, Filter, ArgMax, Reduction, Scale, Bias, Parameter.
+
+GPU code (Split, Concat, Slice, Crop, Tile, Eltwise, Silence, Bias, Scale) mirrors Caffe's *_layer.cu with the
+kernels of csrc/cuda/shape.cu and math.cu and the device's BLAS; Flatten and Reshape share memory either way."""
 import numpy as np
 
+from ..backend import device
 from ..net.blob import canonical_axis, count
 from ..proto import caffe_pb2
 from .base import Layer
@@ -20,6 +24,35 @@ def _share(layer, top, source):
     top[0].share_reshaped(source)
     if layer.loss_weights and layer.loss_weights[0]:
         top[0].diff[...] = layer.loss_weights[0]
+
+
+def _share_gpu(layer, top, source):
+    """_share on the device: the loss weight goes into the shared diff's device copy."""
+    top[0].share_reshaped(source)
+    if layer.loss_weights and layer.loss_weights[0]:
+        device.current().fill(top[0].mutable_gpu_diff, layer.loss_weights[0])
+
+
+def _scratch(layer, name, size, dtype=np.float32, fill=None):
+    """A device array kept on the layer between calls (as Caffe's internal blobs), made again when the size or the
+    device changes; `fill`: its value when made."""
+    dev = device.current()
+    held = layer.__dict__.setdefault("_gpu_scratch", {})
+    entry = held.get(name)
+    if entry is None or entry[0] is not dev or entry[1].size != size or entry[1].dtype != np.dtype(dtype):
+        array = dev.empty(size, dtype)
+        if fill is not None:
+            dev.fill(array, fill)
+        entry = held[name] = (dev, array)
+    return entry[1]
+
+
+def _copy_axis_block(dev, src, src_dim, src_start, dst, dst_dim, dst_start, outer, block, inner):
+    """Copy `block` entries of one axis, as (outer, block, inner), between blobs whose axis holds src_dim and dst_dim
+    entries, from src_start to dst_start (concat_layer.cu / slice_layer.cu's kernels, as math.cu's gpu_copy_rows)."""
+    width = block * inner
+    dev.launch("gpu_copy_rows", outer * width, width, src, src_dim * inner, src_start * inner, dst, dst_dim * inner,
+               dst_start * inner)
 
 
 def _axis_slices(axis, start, stop):
@@ -42,6 +75,21 @@ class SplitLayer(Layer):
     def forward(self, bottom, top):
         for t in top:
             t.share_data(bottom[0])     # split_layer.cpp: tops share the bottom's data; each keeps its own diff
+
+    forward_gpu = forward               # the shared memory holds the device copy too: nothing moves
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        # split_layer.cu: copy one top diff, else add the first two and axpy the others
+        if not propagate_down[0]:
+            return
+        dev = device.current()
+        diff = bottom[0].mutable_gpu_diff
+        if len(top) == 1:
+            dev.copy(diff, top[0].gpu_diff)
+            return
+        dev.launch("gpu_add", diff.size, top[0].gpu_diff, top[1].gpu_diff, diff)
+        for t in top[2:]:
+            dev.axpy(diff.size, 1.0, t.gpu_diff, diff)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -102,6 +150,30 @@ class ConcatLayer(Layer):
             if down:
                 b.diff[...] = diff[_axis_slices(self.axis, start, stop)]
             start = stop
+
+    def forward_gpu(self, bottom, top):
+        if len(bottom) == 1:
+            _share_gpu(self, top, bottom[0])
+            return
+        dev = device.current()
+        y, axis = top[0].mutable_gpu_data, self.axis
+        outer, inner, start = top[0].count_range(0, axis), top[0].count_range(axis + 1), 0
+        for b in bottom:
+            _copy_axis_block(dev, b.gpu_data, b.shape[axis], 0, y, top[0].shape[axis], start, outer, b.shape[axis],
+                             inner)
+            start += b.shape[axis]
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if len(bottom) == 1:
+            return
+        dev = device.current()
+        diff, axis = top[0].gpu_diff, self.axis
+        outer, inner, start = top[0].count_range(0, axis), top[0].count_range(axis + 1), 0
+        for b, down in zip(bottom, propagate_down):
+            if down:
+                _copy_axis_block(dev, diff, top[0].shape[axis], start, b.mutable_gpu_diff, b.shape[axis], 0, outer,
+                                 b.shape[axis], inner)
+            start += b.shape[axis]
 
 
 @register("Slice")
@@ -168,6 +240,27 @@ class SliceLayer(Layer):
         diff = bottom[0].diff     # the tops cover the bottom: every element is written
         for t, window in zip(top, self._windows()):
             diff[window] = t.diff
+
+    def forward_gpu(self, bottom, top):
+        if len(top) == 1:
+            _share_gpu(self, top, bottom[0])
+            return
+        dev = device.current()
+        x, axis = bottom[0].gpu_data, self.axis
+        outer, inner = bottom[0].count_range(0, axis), bottom[0].count_range(axis + 1)
+        for t, start in zip(top, self.starts):
+            _copy_axis_block(dev, x, bottom[0].shape[axis], start, t.mutable_gpu_data, t.shape[axis], 0, outer,
+                             t.shape[axis], inner)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0] or len(top) == 1:
+            return
+        dev = device.current()
+        diff, axis = bottom[0].mutable_gpu_diff, self.axis
+        outer, inner = bottom[0].count_range(0, axis), bottom[0].count_range(axis + 1)
+        for t, start in zip(top, self.starts):
+            _copy_axis_block(dev, t.gpu_diff, t.shape[axis], 0, diff, bottom[0].shape[axis], start, outer,
+                             t.shape[axis], inner)
 
 
 @register("Flatten")
@@ -284,6 +377,30 @@ class CropLayer(Layer):
             diff[...] = 0
             diff[self.window] = top[0].diff
 
+    def _gpu_dims(self, bottom, top):
+        """crop_forward's index table on the device: the top's shape, the bottom's strides, the offsets (int32),
+        uploaded again only when they change (crop_layer.cu keeps them in blobs made at Reshape)."""
+        dev = device.current()
+        shape = bottom[0].shape
+        table = tuple(top[0].shape) + tuple(count(shape, i + 1) for i in range(len(shape))) + tuple(self.offsets)
+        held = self.__dict__.get("_gpu_dims_held")
+        if held is None or held[0] is not dev or held[1] != table:
+            held = self._gpu_dims_held = (dev, table, dev.to_device(np.array(table or (0,), np.int32)))
+        return len(shape), held[2]
+
+    def forward_gpu(self, bottom, top):
+        num_axes, dims = self._gpu_dims(bottom, top)
+        device.current().launch("crop_forward", top[0].count, num_axes, dims, bottom[0].gpu_data,
+                                top[0].mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            dev = device.current()
+            num_axes, dims = self._gpu_dims(bottom, top)
+            diff = bottom[0].mutable_gpu_diff
+            dev.memset(diff, 0)
+            dev.launch("crop_backward", top[0].count, num_axes, dims, top[0].gpu_diff, diff)
+
 
 @register("Tile")
 class TileLayer(Layer):
@@ -309,6 +426,17 @@ class TileLayer(Layer):
         if propagate_down[0]:
             outer, _, inner = self.dims
             np.sum(top[0].diff.reshape(self.dims), axis=1, out=bottom[0].diff.reshape(outer, inner))
+
+    def forward_gpu(self, bottom, top):
+        _, tiles, inner = self.dims
+        device.current().launch("tile_forward", top[0].count, inner, tiles, bottom[0].gpu_data,
+                                top[0].mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            _, tiles, inner = self.dims
+            device.current().launch("tile_backward", bottom[0].count, inner, tiles, top[0].gpu_diff,
+                                    bottom[0].mutable_gpu_diff)
 
 
 @register("Eltwise")
@@ -376,6 +504,50 @@ class EltwiseLayer(Layer):
             else:
                 np.copyto(diff, np.where(self.max_idx == i, top_diff, 0))
 
+    def forward_gpu(self, bottom, top):
+        # eltwise_layer.cu Forward_gpu, in the CPU code's order
+        E = caffe_pb2.EltwiseParameter
+        dev = device.current()
+        n = top[0].count
+        data = [b.gpu_data for b in bottom]
+        y = top[0].mutable_gpu_data
+        if self.op == E.PROD:
+            dev.launch("gpu_mul", n, data[0], data[1], y)
+            for d in data[2:]:
+                dev.launch("gpu_mul", n, y, d, y)
+        elif self.op == E.SUM:
+            dev.launch("gpu_scale", n, self.coeffs[0], data[0], y)
+            for d, c in zip(data[1:], self.coeffs[1:]):
+                dev.axpy(n, c, d, y)
+        else:
+            mask = _scratch(self, "max_idx", n, np.int32)      # Caffe's max_idx_
+            dev.launch("eltwise_max_forward", n, data[0], data[1], 0, y, mask)
+            for i, d in enumerate(data[2:], 2):
+                dev.launch("eltwise_max_forward", n, y, d, i, y, mask)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        E = caffe_pb2.EltwiseParameter
+        dev = device.current()
+        n = top[0].count
+        top_diff = top[0].gpu_diff
+        for i, (b, down) in enumerate(zip(bottom, propagate_down)):
+            if not down:
+                continue
+            diff = b.mutable_gpu_diff
+            if self.op == E.PROD:
+                if self.stable_prod_grad:     # the product of the other bottoms, recomputed
+                    others = [o.gpu_data for j, o in enumerate(bottom) if j != i]
+                    dev.copy(diff, others[0])
+                    for o in others[1:]:
+                        dev.launch("gpu_mul", n, diff, o, diff)
+                else:                         # top / bottom: inf or nan where the bottom is 0, as Caffe
+                    dev.launch("gpu_div", n, top[0].gpu_data, b.gpu_data, diff)
+                dev.launch("gpu_mul", n, diff, top_diff, diff)
+            elif self.op == E.SUM:
+                dev.launch("gpu_scale", n, self.coeffs[i], top_diff, diff)
+            else:
+                dev.launch("eltwise_max_backward", n, top_diff, _scratch(self, "max_idx", n, np.int32), i, diff)
+
     def flops(self, bottom, top):
         n = bottom[0].count * (len(bottom) - 1)     # one add / multiply / compare per extra bottom
         if self.op == caffe_pb2.EltwiseParameter.SUM and any(c != 1 for c in self.coeffs):
@@ -399,6 +571,14 @@ class SilenceLayer(Layer):
         for b, down in zip(bottom, propagate_down):
             if down:
                 b.diff[...] = 0
+
+    forward_gpu = forward
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        dev = device.current()
+        for b, down in zip(bottom, propagate_down):
+            if down:
+                dev.memset(b.mutable_gpu_diff, 0)      # silence_layer.cu: caffe_gpu_set(0)
 
 
 @register("BatchReindex")
@@ -631,6 +811,26 @@ def _bias_gradient(top_diff, dims, shape):
     return top_diff.reshape(dims).sum(axis=(0, 2)).reshape(shape)
 
 
+def _reduce_outer_inner_gpu(layer, values, dims, out, accumulate):
+    """out (dims[1] values) = (or += where `accumulate`) the sum of `values` (viewed as dims) over the outer and
+    inner dimensions, on the device: two GEMVs against vectors of ones, as bias_layer.cu and scale_layer.cu reduce
+    with their multiplier blobs (Caffe loops one GEMV per outer block; a second GEMV sums the blocks at once)."""
+    outer, dim, inner = dims
+    dev = device.current()
+    if outer * dim * inner == 0:
+        if not accumulate:
+            dev.memset(out, 0)
+        return
+    if inner > 1:
+        per_outer = _scratch(layer, "reduce_inner", outer * dim)
+        dev.gemv(False, outer * dim, inner, 1.0, values, _scratch(layer, "ones_inner", inner, fill=1.0), 0.0,
+                 per_outer)
+    else:
+        per_outer = values
+    dev.gemv(True, outer, dim, 1.0, per_outer, _scratch(layer, "ones_outer", outer, fill=1.0),
+             1.0 if accumulate else 0.0, out)
+
+
 def _learned_shape(layer, bottom0, axis_param, num_axes, what):
     """Shape of a learned scale/bias blob: bottom 0's axes [axis, axis + num_axes), num_axes -1 = to the end."""
     axis = canonical_axis(axis_param, len(bottom0.shape), "%s axis" % what)
@@ -675,6 +875,23 @@ class BiasLayer(Layer):
                 bottom[1].diff[...] = _bias_gradient(top[0].diff, self.dims, bottom[1].shape)
         elif self.param_propagate_down[0]:
             self.blobs[0].diff += _bias_gradient(top[0].diff, self.dims, self.blobs[0].shape)
+
+    def forward_gpu(self, bottom, top):
+        bias = bottom[1] if len(bottom) > 1 else self.blobs[0]
+        _, dim, inner = self.dims
+        device.current().launch("bias_forward", top[0].count, bottom[0].gpu_data, bias.gpu_data, dim, inner,
+                                top[0].mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        dev = device.current()
+        top_diff = top[0].gpu_diff
+        if propagate_down[0] and top[0] is not bottom[0]:
+            dev.copy(bottom[0].mutable_gpu_diff, top_diff)
+        if len(bottom) > 1:
+            if propagate_down[1]:
+                _reduce_outer_inner_gpu(self, top_diff, self.dims, bottom[1].mutable_gpu_diff, accumulate=False)
+        elif self.param_propagate_down[0]:
+            _reduce_outer_inner_gpu(self, top_diff, self.dims, self.blobs[0].mutable_gpu_diff, accumulate=True)
 
     def flops(self, bottom, top):
         return bottom[0].count
@@ -748,6 +965,43 @@ class ScaleLayer(Layer):
         if propagate_down[0]:
             np.multiply(top_diff.reshape(self.dims), scale.data.reshape(1, dim, 1),
                         out=bottom[0].diff.reshape(self.dims))
+
+    def forward_gpu(self, bottom, top):
+        dev = device.current()
+        scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
+        x, n = bottom[0].gpu_data, bottom[0].count
+        if top[0] is bottom[0]:
+            # in place: the scale's gradient needs the input (Caffe's temp_)
+            dev.copy(_scratch(self, "saved", n), x)
+        y = top[0].mutable_gpu_data
+        _, dim, inner = self.dims
+        if self.param.scale_param.bias_term and self.bias_dims == self.dims:
+            # scale_layer.cu's ScaleBiasForward: x * scale + bias in one pass (rounded twice, as the CPU's multiply
+            # then add, in the host build; nvcc contracts it to an FMA as in Caffe)
+            dev.launch("scale_bias_forward", n, x, scale.gpu_data, self.blobs[-1].gpu_data, dim, inner, y)
+            return
+        dev.launch("scale_forward", n, x, scale.gpu_data, dim, inner, y)
+        if self.param.scale_param.bias_term:
+            _, bias_dim, bias_inner = self.bias_dims
+            dev.launch("bias_forward", n, y, self.blobs[-1].gpu_data, bias_dim, bias_inner, y)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        # the CPU backward's steps and order (its comments say where Caffe accumulates)
+        dev = device.current()
+        two = len(bottom) > 1
+        scale = bottom[1] if two else self.blobs[0]
+        top_diff, n = top[0].gpu_diff, top[0].count
+        if self.param.scale_param.bias_term and self.param_propagate_down[-1]:
+            _reduce_outer_inner_gpu(self, top_diff, self.bias_dims, self.blobs[-1].mutable_gpu_diff, accumulate=True)
+        outer, dim, inner = self.dims
+        if (two and propagate_down[1]) or (not two and self.param_propagate_down[0]):
+            x = _scratch(self, "saved", n) if top[0] is bottom[0] else bottom[0].gpu_data
+            product = _scratch(self, "product", n)
+            dev.launch("gpu_mul", n, top_diff, x, product)
+            assign = two or (outer == 1 and not (dim == 1 and inner > 1))
+            _reduce_outer_inner_gpu(self, product, self.dims, scale.mutable_gpu_diff, accumulate=not assign)
+        if propagate_down[0]:
+            dev.launch("scale_forward", n, top_diff, scale.gpu_data, dim, inner, bottom[0].mutable_gpu_diff)
 
     def flops(self, bottom, top):
         return bottom[0].count * (2 if self.param.scale_param.bias_term else 1)

@@ -1,5 +1,6 @@
-"""Softmax over one axis (Caffe's softmax_layer.cpp); SoftmaxWithLoss and InfogainLoss use the same kernel."""
-from ..backend import softmax
+"""Softmax over one axis (Caffe's softmax_layer.cpp); SoftmaxWithLoss and InfogainLoss use the same kernel.
+The GPU code (csrc/cuda/softmax.cu) follows softmax_layer.cu; SoftmaxWithLoss's GPU code calls gpu_forward too."""
+from ..backend import device, softmax
 from .base import Layer, checked_axis
 from .registry import register
 
@@ -23,5 +24,52 @@ class SoftmaxLayer(Layer):
         if propagate_down[0]:
             softmax.backward(top[0].data, top[0].diff, bottom[0].diff, self.axis)
 
+    def _dims(self, blob):
+        return blob.count_range(0, self.axis), blob.shape[self.axis], blob.count_range(self.axis + 1)
+
+    def forward_gpu(self, bottom, top):
+        outer, channels, inner = self._dims(bottom[0])
+        gpu_forward(bottom[0].gpu_data, top[0].mutable_gpu_data, outer, channels, inner,
+                    scratch(self, "_scale_gpu", outer * inner))
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        outer, channels, inner = self._dims(top[0])
+        dot = scratch(self, "_scale_gpu", outer * inner)
+        dev = device.current()
+        # softmax_layer.cu: dot = sum over channels of dy * y; dx = (dy - dot) * y (subtract and multiply fused).
+        dev.launch("softmax_channel_dot", outer * inner, channels, inner, top[0].gpu_diff, top[0].gpu_data, dot)
+        dev.launch("softmax_backward_diff", top[0].count, channels, inner, dot, top[0].gpu_data, top[0].gpu_diff,
+                   bottom[0].mutable_gpu_diff)
+
     def flops(self, bottom, top):
         return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count
+
+
+def scratch(layer, name, size, value=None):
+    """A device array of `size` floats cached on `layer` under `name`, made anew only when the size or the device
+    changes; `value` fills a new one (e.g. the ones vectors of Caffe's multipliers)."""
+    dev = device.current()
+    held = layer.__dict__.get(name)
+    if held is None or held[0] is not dev or held[1].size != size:
+        array = dev.empty(size)
+        if value is not None:
+            dev.fill(array, value)
+        held = (dev, array)
+        setattr(layer, name, held)
+    return held[1]
+
+
+def gpu_forward(x, y, outer, channels, inner, scale):
+    """y = softmax of the (outer, channels, inner) device array x over its channels, as softmax_layer.cu's
+    Forward_gpu (max, subtract, exp, sum, divide); y may be x. scale: outer * inner floats of scratch."""
+    dev = device.current()
+    count = outer * channels * inner
+    if x.ptr != y.ptr:
+        dev.copy(y, x)
+    dev.launch("softmax_channel_max", outer * inner, channels, inner, y, scale)
+    dev.launch("softmax_channel_subtract", count, channels, inner, scale, y)
+    dev.launch("softmax_exp", count, y, y)
+    dev.launch("softmax_channel_sum", outer * inner, channels, inner, y, scale)
+    dev.launch("softmax_channel_div", count, channels, inner, scale, y)

@@ -4,11 +4,17 @@ Memory is allocated on first access of `data` or `diff`, so building a net to in
 checks) costs no memory. Like Caffe's SyncedMemory, fresh memory is zero; a reshape that keeps the element count
 keeps the values. A parameter blob may carry an initializer (its filler) that runs on that first access, unless
 weights are loaded into it first.
+
+Data and diff each live in a SyncedMemory (net/synced_memory.py) with a host and a device copy: `data`/`diff` are
+the host arrays (reading or writing them makes the host copy current), `cpu_data`/`cpu_diff` read the host copy
+without claiming it, and `gpu_data`/`gpu_diff` (read) and `mutable_gpu_data`/`mutable_gpu_diff` (write) are the
+device copies, as Caffe's Blob accessors of the same names.
 """
 import numpy as np
 
 from ..errors import NetError
 from ..proto import caffe_pb2
+from .synced_memory import SyncedMemory
 
 MAX_BLOB_AXES = 32  # Caffe's kMaxBlobAxes
 
@@ -52,8 +58,8 @@ class Blob:
             return
         keep = count(shape) == count(self._shape)
         self._shape = shape
-        self._data = self._data.reshape(shape) if keep and self._data is not None else None
-        self._diff = self._diff.reshape(shape) if keep and self._diff is not None else None
+        if not keep:
+            self._data = self._diff = None
 
     @property
     def shape(self):
@@ -70,10 +76,9 @@ class Blob:
     def astype(self, dtype):
         """Convert data and diff (keeping values) to `dtype`; used by the float64 gradient checker."""
         self._dtype = np.dtype(dtype)
-        if self._data is not None:
-            self._data = self._data.astype(dtype)
-        if self._diff is not None:
-            self._diff = self._diff.astype(dtype)
+        for mem in (self._data, self._diff):
+            if mem is not None:
+                mem.astype(dtype)
         return self
 
     def shape_at(self, axis):
@@ -95,14 +100,22 @@ class Blob:
     height = property(lambda self: self._legacy(2))
     width = property(lambda self: self._legacy(3))
 
-    @property
-    def data(self):
+    def _data_mem(self):
         if self._data is None:
-            self._data = np.zeros(self._shape, dtype=self._dtype)
+            self._data = SyncedMemory(count(self._shape), self._dtype)
             init, self._init = self._init, None
             if init is not None:
                 init(self)
         return self._data
+
+    def _diff_mem(self):
+        if self._diff is None:
+            self._diff = SyncedMemory(count(self._shape), self._dtype)
+        return self._diff
+
+    @property
+    def data(self):
+        return self._data_mem().host().reshape(self._shape)
 
     @data.setter
     def data(self, value):
@@ -110,22 +123,46 @@ class Blob:
 
     @property
     def diff(self):
-        if self._diff is None:
-            self._diff = np.zeros(self._shape, dtype=self._dtype)
-        return self._diff
+        return self._diff_mem().host().reshape(self._shape)
 
     @diff.setter
     def diff(self, value):
         self.diff[...] = value
 
+    @property
+    def cpu_data(self):
+        """The host data, to read only: unlike `data`, it leaves a current device copy current."""
+        return self._data_mem().host(write=False).reshape(self._shape)
+
+    @property
+    def cpu_diff(self):
+        return self._diff_mem().host(write=False).reshape(self._shape)
+
+    @property
+    def gpu_data(self):
+        """The device data (a flat DeviceArray), to read only."""
+        return self._data_mem().device(write=False)
+
+    @property
+    def mutable_gpu_data(self):
+        return self._data_mem().device()
+
+    @property
+    def gpu_diff(self):
+        return self._diff_mem().device(write=False)
+
+    @property
+    def mutable_gpu_diff(self):
+        return self._diff_mem().device()
+
     def share_data(self, other):
         """Use other's data memory (Caffe's ShareData), e.g. for in-place layers and shared weights."""
         self._shape = other.shape
-        self._data = other.data
+        self._data = other._data_mem()
 
     def share_diff(self, other):
         self._shape = other.shape
-        self._diff = other.diff
+        self._diff = other._diff_mem()
 
     def share_reshaped(self, other):
         """View other's data and diff in this blob's own shape (same count): Reshape and Flatten share memory with
@@ -133,8 +170,8 @@ class Blob:
         if count(self._shape) != other.count:
             raise NetError("cannot share a blob of shape %s as shape %s" % (other.shape, self._shape))
         self._dtype = other.dtype
-        self._data = other.data.reshape(self._shape)
-        self._diff = other.diff.reshape(self._shape)
+        self._data = other._data_mem()
+        self._diff = other._diff_mem()
 
     def __repr__(self):
         return "Blob(%s)" % (self._shape,)

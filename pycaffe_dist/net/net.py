@@ -7,6 +7,7 @@ layers and blobs need a backward pass. What is still available at the end is the
 """
 import logging
 
+from ..backend import device
 from ..errors import NetError
 from ..proto import caffe_pb2
 from ..layers import create_layer
@@ -259,22 +260,32 @@ class Net:
         """Run layers start..end (inclusive) and return the sum of their weighted losses."""
         end = len(self.layers) - 1 if end is None else end
         loss = 0.0
+        gpu = device.active()
         for layer_id in range(start, end + 1):
             layer = self.layers[layer_id]
             bottom, top = self._vecs(layer_id)
             layer.reshape(bottom, top)     # Caffe's Layer::Forward reshapes first: inputs may change shape
-            layer.forward(bottom, top)
+            # A layer without GPU code runs its CPU code on the host copies, as Caffe's Forward_gpu falls back.
+            if gpu and layer.forward_gpu is not None:
+                layer.forward_gpu(bottom, top)
+            else:
+                layer.forward(bottom, top)
             for w, blob in zip(layer.loss_weights, top):
                 if w:
-                    loss += float((blob.data.astype("float64") * blob.diff).sum())
+                    loss += float((blob.cpu_data.astype("float64") * blob.cpu_diff).sum())
         return loss
 
     def backward_from_to(self, start=None, end=0):
         start = len(self.layers) - 1 if start is None else start
+        gpu = device.active()
         for layer_id in range(start, end - 1, -1):
             if self.layer_need_backward[layer_id]:
                 bottom, top = self._vecs(layer_id)
-                self.layers[layer_id].backward(top, self.bottom_need_backward[layer_id], bottom)
+                layer = self.layers[layer_id]
+                if gpu and layer.backward_gpu is not None:
+                    layer.backward_gpu(top, self.bottom_need_backward[layer_id], bottom)
+                else:
+                    layer.backward(top, self.bottom_need_backward[layer_id], bottom)
 
     def forward_backward(self):
         loss = self.forward_from_to()
@@ -288,6 +299,11 @@ class Net:
         self.layers[0].reset(data, labels)
 
     def clear_param_diffs(self):
+        if device.active():
+            dev = device.current()
+            for blob in self.learnable_params:
+                dev.memset(blob.mutable_gpu_diff, 0)
+            return
         for blob in self.learnable_params:
             blob.diff[...] = 0
 

@@ -16,7 +16,8 @@ Deliberate differences from Caffe:
 - A learned_net path in a solver state that does not exist relative to the working directory is also looked
   for beside the state file (Caffe only tries the former).
 - iter_size < 1 is an error (Caffe would divide by zero).
-- solver_mode GPU is accepted, with a warning: this build computes on the CPU.
+- The Solver computes where common.mode() says (pycaffe's set_mode_gpu, or `dist_caffe train` from solver_mode,
+  device_id and --gpu), as Caffe's Solver does; it does not read solver_mode itself.
 """
 import logging
 import os
@@ -29,8 +30,10 @@ from .. import common
 from ..errors import SolverError
 from ..io.load import read_net, read_solver
 from ..proto import caffe_pb2
+from ..backend import device
+from ..net.synced_memory import SyncedMemory
 from . import snapshot as snapshots
-from . import updates
+from . import updates, updates_gpu
 from .lr_policy import learning_rate
 
 log = logging.getLogger("pycaffe_dist.solver")
@@ -39,14 +42,6 @@ f32 = np.float32
 # What an action function (set_action_function) may ask for, once per call: Caffe's SolverAction.
 NONE, SNAPSHOT, STOP = "none", "snapshot", "stop"
 DATA_SOURCE_TYPES = ("Data", "ImageData", "HDF5Data")
-_warned = set()
-
-
-def _warn_once(message):
-    if message not in _warned:
-        _warned.add(message)
-        log.warning("%s", message)
-
 
 def _fmt(x):
     """A number as C++'s ostream prints a float (6 significant digits)."""
@@ -71,9 +66,6 @@ class Solver:
         self.param = param
         log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(param).rstrip("\n"))
         updates.check_solver(param, self.source)
-        # GPU is the field's default: only an explicit solver_mode asks for it (as in Caffe's train command).
-        if param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU:
-            _warn_once("GPU mode requested but this build runs on the CPU")
         self._check_snapshot_prefix()
         if param.random_seed >= 0:
             common.set_random_seed(param.random_seed)
@@ -82,6 +74,7 @@ class Solver:
         log.info("Solver scaffolding done.")
         self.iter = 0
         self.current_step = 0
+        self._history_memory = None         # the history's device copies, in GPU mode
         self.history = updates.new_history(param, [b.shape for b in self.net.learnable_params])
         self.callbacks = []                 # (on_start, on_gradients) pairs, as pycaffe's add_callback
         self.iteration_hooks = []           # f(solver) after each update: progress displays, workers
@@ -259,14 +252,37 @@ class Solver:
                 self.requested_early_exit = True
                 break
 
+    @property
+    def history(self):
+        """The rule's history arrays (host copies, current also after GPU updates)."""
+        if self._history_memory is not None:
+            for mem in self._history_memory:
+                mem.host(write=False)
+        return self._history
+
+    @history.setter
+    def history(self, arrays):
+        self._history, self._history_memory = arrays, None
+
+    def _device_history(self):
+        if self._history_memory is None:
+            self._history_memory = [SyncedMemory(h.size, h.dtype, host=h.reshape(-1)) for h in self._history]
+        return [mem.device() for mem in self._history_memory]
+
     def apply_update(self):
-        """SGDSolver::ApplyUpdate: rate, clipping, normalize, regularize, the rule's step, w -= step; iter += 1."""
+        """SGDSolver::ApplyUpdate: rate, clipping, normalize, regularize, the rule's step, w -= step; iter += 1.
+        In GPU mode the same steps run on the device copies (solver/updates_gpu.py)."""
         p = self.param
         params = self.net.learnable_params
         before = self.current_step
-        result = updates.compute_steps(p, [b.data for b in params], [b.diff for b in params], self.net.params_lr,
-                                       self.net.params_weight_decay, self.history, self.iter, self.current_step,
-                                       self.source)
+        gpu = device.active()
+        if gpu:
+            result = updates_gpu.compute_steps(p, params, self.net.params_lr, self.net.params_weight_decay,
+                                               self._device_history(), self.iter, self.current_step, self.source)
+        else:
+            result = updates.compute_steps(p, [b.data for b in params], [b.diff for b in params],
+                                           self.net.params_lr, self.net.params_weight_decay, self.history,
+                                           self.iter, self.current_step, self.source)
         self.rate, self.current_step = result["rate"], result["current_step"]
         if p.lr_policy == "multistep" and self.current_step != before:
             log.info("MultiStep Status: Iteration %d, step = %d", self.iter, self.current_step)
@@ -275,7 +291,10 @@ class Solver:
         if result["clip_scale"] is not None:
             log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
                      _fmt(result["clip_norm"]), _fmt(f32(p.clip_gradients)), _fmt(result["clip_scale"]))
-        updates.apply_steps([b.data for b in params], [b.diff for b in params])
+        if gpu:
+            updates_gpu.apply_steps(params)
+        else:
+            updates.apply_steps([b.data for b in params], [b.diff for b in params])
         self.iter += 1
 
     def solve(self, resume_file=None):

@@ -155,11 +155,6 @@ def test_plot_refuses_a_file_without_training_lines(tmp_path):
     assert_clean_error(dist_caffe("plot", tmp_path / "x.log"), "x.log: no training loss or test output lines")
 
 
-def test_device_query():
-    run = dist_caffe("device-query")
-    assert run.returncode == 0 and "Device: CPU" in run.stdout and "no GPU backend in this build" in run.stdout
-
-
 def test_train_errors_are_one_line(case):
     assert_clean_error(dist_caffe("train", "--solver", "solver.prototxt", "--weights", "a.caffemodel",
                                   "--snapshot", "b.solverstate", cwd=case),

@@ -53,3 +53,21 @@ def test_ctrl_c_stops_cleanly_with_a_snapshot(make_solver, tmp_path):
     assert "Stop requested" in out and "Optimization stopped after" in out
     assert list(tmp_path.glob("snap_iter_*.caffemodel"))
     assert not _running("--job launch-int")
+
+
+def test_workers_on_a_gpu_each(make_solver, tmp_path, monkeypatch):
+    """--gpu 0,1: one worker per GPU, synchronous, the master on the CPU (here on the emulated device, which stands
+    for a GPU of any id)."""
+    monkeypatch.setenv("PCD_DEVICE", "emulated")
+    env = dict(os.environ)
+    env.pop("PCD_REDIS_PASSWORD", None)
+    proc = subprocess.run([sys.executable, "-m", "pycaffe_dist", "-v", "train", "--solver",
+                           str(make_solver(max_iter=60)), "--gpu", "0,1", "--job", "launch-gpu", "--stats",
+                           str(tmp_path / "stats.json")], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Optimization Done after 60 merges." in proc.stderr
+    for i in (0, 1):
+        assert "[worker %d] computing on GPU %d: emulated GPU" % (i, i) in proc.stderr, proc.stderr[-3000:]
+    assert "[worker 2] " not in proc.stderr
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["mode"] == "sync" and stats["count"] == 60

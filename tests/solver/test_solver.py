@@ -11,6 +11,7 @@ import pycaffe_dist as caffe
 from pycaffe_dist.errors import SolverError
 from pycaffe_dist.io.binaryproto import read_binary
 from pycaffe_dist.io.prototxt import parse_text
+from pycaffe_dist.net import synced_memory
 from pycaffe_dist.proto import caffe_pb2
 from pycaffe_dist.solver import updates
 from pycaffe_dist.solver.solver import Solver
@@ -229,17 +230,13 @@ def test_restore_refuses_a_state_of_another_solver_type(tmp_path):
         adam.restore(state)
 
 
-def test_gpu_mode_is_accepted_with_one_warning(tmp_path, caplog, monkeypatch):
-    from pycaffe_dist.solver import solver as solver_module
-    monkeypatch.setattr(solver_module, "_warned", set())
+def test_solver_computes_where_the_process_mode_says_not_where_solver_mode_does(tmp_path, caplog):
+    """Caffe's Solver does not read solver_mode (its train command does): in CPU mode a GPU solver runs on the CPU."""
     caplog.set_level(logging.WARNING, logger="pycaffe_dist")
-    for _ in range(2):
-        Solver(solver_param(tmp_path, "solver_mode: GPU device_id: 1"))
-    warnings = [r for r in caplog.records if "GPU mode requested" in r.getMessage()]
-    assert len(warnings) == 1 and all(r.levelno == logging.WARNING for r in warnings)
-    caplog.clear()
-    Solver(solver_param(tmp_path))           # solver_mode unset: its default is GPU, but only an explicit one asks
-    assert not caplog.records
+    s = Solver(solver_param(tmp_path, "solver_mode: GPU device_id: 1"))
+    s.step(1)
+    assert s.iter == 1 and not caplog.records
+    assert s.net.learnable_params[0]._data.head == synced_memory.HOST
 
 
 def test_pycaffe_solver_classes(tmp_path):

@@ -1,0 +1,92 @@
+// Kernels of the shape layers (pycaffe_dist/layers/shape.py) that math.cu's element-wise ones and BLAS do not cover:
+// Crop, Tile, Eltwise MAX, and the broadcast of Bias and Scale, one thread per output element as in Caffe's
+// src/caffe/layers/{crop,tile,eltwise,bias,scale}_layer.cu. (Concat and Slice use math.cu's gpu_copy_rows.)
+#include "common.cuh"
+
+// --- Crop ---------------------------------------------------------------------------------------------------------
+
+// The bottom index of top element i: dims holds the top's shape, the bottom's strides and the offsets, num_axes of
+// each (crop_layer.cu's crop_kernel, with the index arithmetic of its ND form).
+PCD_DEVICE int crop_source_index(int i, const int num_axes, const int* dims) {
+  const int* shape = dims;
+  const int* strides = dims + num_axes;
+  const int* offsets = dims + 2 * num_axes;
+  int index = 0;
+  for (int d = num_axes - 1; d >= 0; --d) {
+    index += (i % shape[d] + offsets[d]) * strides[d];
+    i /= shape[d];
+  }
+  return index;
+}
+
+PCD_KERNEL void crop_forward(const int n, const int num_axes, const int* dims, const float* x, float* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = x[crop_source_index(i, num_axes, dims)]; }
+}
+
+// dx (zeroed first by the layer) at the window = dy
+PCD_KERNEL void crop_backward(const int n, const int num_axes, const int* dims, const float* dy, float* dx) {
+  CUDA_KERNEL_LOOP(i, n) { dx[crop_source_index(i, num_axes, dims)] = dy[i]; }
+}
+
+// --- Tile ---------------------------------------------------------------------------------------------------------
+
+// y viewed as (outer, tiles, inner) = x viewed as (outer, 1, inner), n = y's count (tile_layer.cu's Tile)
+PCD_KERNEL void tile_forward(const int n, const int inner, const int tiles, const float* x, float* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = x[i / (inner * tiles) * inner + i % inner]; }
+}
+
+// dx (outer, inner) = the sum of dy (outer, tiles, inner) over the tiles, in order; n = dx's count
+PCD_KERNEL void tile_backward(const int n, const int inner, const int tiles, const float* dy, float* dx) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const float* src = dy + i / inner * tiles * inner + i % inner;
+    float sum = src[0];
+    for (int t = 1; t < tiles; ++t) sum += src[t * inner];
+    dx[i] = sum;
+  }
+}
+
+// --- Eltwise MAX --------------------------------------------------------------------------------------------------
+
+// blob_idx 0: y = a > b ? a : b from bottoms 0 and 1, mask 0 or 1 (bottom 1 wins ties). blob_idx >= 2: a is the
+// top so far, b bottom blob_idx, which replaces it only where strictly greater. This is eltwise_layer.cpp's
+// Forward_cpu (and our CPU code); Caffe's MaxForward kernel lets a later bottom win a tie.
+PCD_KERNEL void eltwise_max_forward(const int n, const float* a, const float* b, const int blob_idx, float* y,
+                                    int* mask) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const float va = a[i], vb = b[i];
+    if (blob_idx == 0) {
+      const bool first = va > vb;
+      y[i] = first ? va : vb;
+      mask[i] = first ? 0 : 1;
+    } else if (vb > va) {
+      y[i] = vb;
+      mask[i] = blob_idx;
+    }
+  }
+}
+
+PCD_KERNEL void eltwise_max_backward(const int n, const float* dy, const int* mask, const int blob_idx, float* dx) {
+  CUDA_KERNEL_LOOP(i, n) { dx[i] = mask[i] == blob_idx ? dy[i] : 0.0f; }
+}
+
+// --- Bias, Scale --------------------------------------------------------------------------------------------------
+
+// x, y viewed as (outer, dim, inner); bias, scale: dim values broadcast over outer and inner
+PCD_KERNEL void bias_forward(const int n, const float* x, const float* bias, const int dim, const int inner,
+                             float* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] + bias[(i / inner) % dim]; }
+}
+
+PCD_KERNEL void scale_forward(const int n, const float* x, const float* scale, const int dim, const int inner,
+                              float* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] * scale[(i / inner) % dim]; }
+}
+
+// y = x * scale + bias, the scale and the bias broadcast alike (scale_layer.cu's ScaleBiasForward)
+PCD_KERNEL void scale_bias_forward(const int n, const float* x, const float* scale, const float* bias, const int dim,
+                                   const int inner, float* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int c = (i / inner) % dim;
+    y[i] = x[i] * scale[c] + bias[c];
+  }
+}

@@ -1,0 +1,119 @@
+// Softmax over one axis of an (outer, channels, inner) array, after Caffe's src/caffe/layers/softmax_layer.cu
+// (kernel_channel_max, kernel_channel_subtract, kernel_exp, kernel_channel_sum, kernel_channel_div,
+// kernel_channel_dot), and the per-position loss of SoftmaxWithLoss after softmax_loss_layer.cu
+// (SoftmaxLossForwardGPU, SoftmaxLossBackwardGPU). Sums run over the channels in order, as the CPU kernels
+// (csrc/softmax.pyx) do. Labels are floats read as static_cast<int>.
+#include "common.cuh"
+
+#define SOFTMAX_FLT_MIN 1.175494351e-38f   // FLT_MIN, which softmax_loss_layer.cu clamps the probability at
+
+// out[o, i] = max over c of data[o, c, i]; n = outer * inner.
+PCD_KERNEL void softmax_channel_max(const int n, const int channels, const int inner, const float* data,
+                                    float* out) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / inner, i = index % inner;
+    const float* const x = data + o * channels * inner + i;
+    float top = x[0];
+    for (int c = 1; c < channels; ++c) {
+      if (top < x[c * inner]) top = x[c * inner];   // std::max(top, x), as the CPU kernel (NaN handling included)
+    }
+    out[index] = top;
+  }
+}
+
+// data[o, c, i] -= value[o, i]; n = outer * channels * inner.
+PCD_KERNEL void softmax_channel_subtract(const int n, const int channels, const int inner, const float* value,
+                                         float* data) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / channels / inner, i = index % inner;
+    data[index] = data[index] - value[o * inner + i];
+  }
+}
+
+PCD_KERNEL void softmax_exp(const int n, const float* in, float* out) {
+  CUDA_KERNEL_LOOP(index, n) { out[index] = expf(in[index]); }
+}
+
+// out[o, i] = sum over c of data[o, c, i], in channel order.
+PCD_KERNEL void softmax_channel_sum(const int n, const int channels, const int inner, const float* data,
+                                    float* out) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / inner, i = index % inner;
+    const float* const x = data + o * channels * inner + i;
+    float sum = 0;
+    for (int c = 0; c < channels; ++c) sum += x[c * inner];
+    out[index] = sum;
+  }
+}
+
+// data[o, c, i] /= value[o, i].
+PCD_KERNEL void softmax_channel_div(const int n, const int channels, const int inner, const float* value,
+                                    float* data) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / channels / inner, i = index % inner;
+    data[index] = data[index] / value[o * inner + i];
+  }
+}
+
+// out[o, i] = sum over c of a[o, c, i] * b[o, c, i], in channel order.
+PCD_KERNEL void softmax_channel_dot(const int n, const int channels, const int inner, const float* a,
+                                    const float* b, float* out) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / inner, i = index % inner;
+    const int base = o * channels * inner + i;
+    float dot = 0;
+    for (int c = 0; c < channels; ++c) dot += a[base + c * inner] * b[base + c * inner];
+    out[index] = dot;
+  }
+}
+
+// Softmax backward's last step, fused: dx = (dy - dot[o, i]) * y (kernel_channel_subtract, then caffe_gpu_mul).
+// dx may be dy.
+PCD_KERNEL void softmax_backward_diff(const int n, const int channels, const int inner, const float* dot,
+                                      const float* top_data, const float* top_diff, float* bottom_diff) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / channels / inner, i = index % inner;
+    bottom_diff[index] = (top_diff[index] - dot[o * inner + i]) * top_data[index];
+  }
+}
+
+// Per position (o, i) of the labels: loss = -log(max(prob[label], FLT_MIN)) and count = 1, or 0 and 0 where the
+// label is ignore_label (has_ignore_label != 0). A label outside [0, channels) reads nothing: its position gets
+// loss 0, count 0 and bad = 1, so that the host can report it as the CPU path does. n = outer * inner.
+PCD_KERNEL void softmax_loss_forward(const int n, const float* prob, const float* label, const int channels,
+                                     const int inner, const int has_ignore_label, const int ignore_label,
+                                     float* loss, float* counts, float* bad) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / inner, i = index % inner;
+    const int label_value = static_cast<int>(label[index]);
+    loss[index] = 0;
+    counts[index] = 0;
+    bad[index] = 0;
+    if (has_ignore_label && label_value == ignore_label) continue;
+    if (label_value < 0 || label_value >= channels) {
+      bad[index] = 1;
+      continue;
+    }
+    loss[index] = -logf(max(prob[(o * channels + label_value) * inner + i], SOFTMAX_FLT_MIN));
+    counts[index] = 1;
+  }
+}
+
+// bottom_diff holds the probabilities; subtract 1 at the label, or zero every channel of an ignored position;
+// counts as in the forward (labels out of range were refused by the forward and are skipped).
+PCD_KERNEL void softmax_loss_backward(const int n, const float* label, const int channels, const int inner,
+                                      const int has_ignore_label, const int ignore_label, float* bottom_diff,
+                                      float* counts) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / inner, i = index % inner;
+    const int label_value = static_cast<int>(label[index]);
+    float* const diff = bottom_diff + o * channels * inner + i;
+    if (has_ignore_label && label_value == ignore_label) {
+      for (int c = 0; c < channels; ++c) diff[c * inner] = 0;
+      counts[index] = 0;
+    } else {
+      if (label_value >= 0 && label_value < channels) diff[label_value * inner] -= 1;
+      counts[index] = 1;
+    }
+  }
+}

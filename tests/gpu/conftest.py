@@ -1,0 +1,40 @@
+"""The GPU code path, on two devices: `emulated` (the CUDA kernels compiled for the host, numpy's BLAS; runs
+everywhere) and `cuda` (a real GPU through pycuda; skipped, with the reason, where there is none)."""
+import pytest
+
+from pycaffe_dist import common
+from pycaffe_dist.backend import device
+from pycaffe_dist.errors import DeviceError
+
+_cuda = {}
+
+
+def cuda_device():
+    """The real device, or pytest.skip with why there is none (asked once per session)."""
+    if "device" not in _cuda:
+        try:
+            from pycaffe_dist.backend.cuda import CudaDevice
+            _cuda["device"] = CudaDevice(0)
+        except DeviceError as exc:
+            _cuda["device"], _cuda["why"] = None, str(exc)
+    if _cuda["device"] is None:
+        pytest.skip("no GPU: " + _cuda["why"])
+    return _cuda["device"]
+
+
+@pytest.fixture(params=["emulated", "cuda"])
+def gpu(request):
+    """GPU mode on the emulated or the real device, back to CPU mode afterwards; yields the device."""
+    if request.param == "cuda":
+        dev = cuda_device()
+    else:
+        from pycaffe_dist.backend.emulated import EmulatedDevice
+        dev = EmulatedDevice()
+    previous = common.mode()
+    device.use(dev)
+    common.set_mode_gpu()
+    try:
+        yield dev
+    finally:
+        common.set_mode_cpu() if previous == "cpu" else None
+        device.forget()

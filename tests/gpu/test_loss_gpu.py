@@ -1,0 +1,210 @@
+"""Softmax, SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss and Accuracy on the GPU path against their CPU
+code (pycaffe_dist/layers/softmax.py and loss.py, csrc/cuda/softmax.cu and loss.cu): outputs (the loss scalar, the
+probabilities, the accuracies), bottom diffs under loss weights, ignore_label and every normalization, and the
+CPU path's error for a label out of range. The harness is test_norm_gpu.run_both."""
+import numpy as np
+import pytest
+
+from pycaffe_dist.errors import NetError
+from pycaffe_dist.layers import create_layer
+from pycaffe_dist.net.blob import Blob
+from tests.gpu.test_norm_gpu import assert_same, gaussian, run_both
+from tests.layers.gradient_checker import layer_param
+
+
+def labels(shape, num_labels, ignore=None, fraction=0.3, seed=3):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, num_labels, shape).astype(np.float32)
+    if ignore is not None:
+        y[rng.random(shape) < fraction] = ignore
+    return y
+
+
+# --- Softmax ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, axis", [((2, 5, 3, 4), 1), ((2, 5, 3, 4), 2), ((2, 5, 3, 4), -1), ((6, 10), 1),
+                                         ((4, 3, 2), 0), ((3, 1, 4), 1)])
+def test_softmax(gpu, shape, axis):
+    cpu, dev = run_both('type: "Softmax" softmax_param { axis: %d }' % axis, [gaussian(shape, scale=3.0)])
+    assert_same(cpu, dev)
+
+
+def test_softmax_in_place(gpu):
+    cpu, dev = run_both('type: "Softmax"', [gaussian((2, 5, 3, 4), scale=3.0)], in_place=True)
+    assert_same(cpu, dev)
+
+
+def test_softmax_large_scores(gpu):
+    """The max is subtracted before exp: scores of 1e3 do not overflow."""
+    cpu, dev = run_both('type: "Softmax"', [gaussian((3, 7), scale=1e3)])
+    assert_same(cpu, dev)
+    assert np.isfinite(dev.top[0].data).all()
+
+
+# --- SoftmaxWithLoss -------------------------------------------------------------------------------------------------
+
+NORMALIZATIONS = ["VALID", "BATCH_SIZE", "FULL", "NONE"]
+
+
+def softmax_loss_text(normalization=None, ignore=None, axis=None, normalize=None):
+    loss = []
+    if normalization:
+        loss.append("normalization: %s" % normalization)
+    if normalize is not None:
+        loss.append("normalize: %s" % ("true" if normalize else "false"))
+    if ignore is not None:
+        loss.append("ignore_label: %d" % ignore)
+    text = 'type: "SoftmaxWithLoss" loss_param { %s }' % " ".join(loss)
+    if axis is not None:
+        text += " softmax_param { axis: %d }" % axis
+    return text
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("ignore", [None, 2, -1])
+def test_softmax_loss(gpu, normalization, ignore):
+    x = gaussian((4, 5, 3, 2), scale=2.0)
+    y = labels((4, 1, 3, 2), 5, ignore)
+    cpu, dev = run_both(softmax_loss_text(normalization, ignore), [x, y], loss_weight=2.5)
+    assert_same(cpu, dev)
+    assert dev.top[0].data != 0
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_softmax_loss_deprecated_normalize(gpu, normalize):
+    cpu, dev = run_both(softmax_loss_text(normalize=normalize, ignore=0), [gaussian((6, 4)), labels((6,), 4)])
+    assert_same(cpu, dev)
+
+
+def test_softmax_loss_other_axis_and_probability_top(gpu):
+    """Softmax over axis 2 with labels (N, C, W), and the probabilities as a second top."""
+    x = gaussian((2, 3, 4, 5))
+    y = labels((2, 3, 5), 4, ignore=1)
+    cpu, dev = run_both(softmax_loss_text("VALID", 1, axis=2), [x, y], num_tops=2)
+    assert_same(cpu, dev)
+
+
+def test_softmax_loss_all_ignored(gpu):
+    """No valid position: the normalizer is 1 (not 0), the loss and every diff are 0."""
+    y = np.full((3, 1, 2, 2), 7, np.float32)
+    cpu, dev = run_both(softmax_loss_text("VALID", 7), [gaussian((3, 4, 2, 2)), y])
+    assert_same(cpu, dev)
+    assert dev.top[0].data == 0 and not dev.bottom[0].diff.any()
+
+
+def test_softmax_loss_tiny_probability(gpu):
+    """A true class with probability 0 in float32 is clamped at FLT_MIN: the loss stays finite."""
+    x = np.zeros((2, 3), np.float32)
+    x[:, 0] = 200.0
+    cpu, dev = run_both(softmax_loss_text(), [x, np.float32([1, 2])])
+    assert_same(cpu, dev)
+    assert np.isfinite(dev.top[0].data)
+
+
+def test_softmax_loss_without_propagate_down(gpu):
+    cpu, dev = run_both(softmax_loss_text(), [gaussian((4, 3)), labels((4,), 3)], propagate_down=[False, False])
+    assert_same(cpu, dev)
+
+
+def forward_error(text, inputs, gpu_path):
+    bottom = []
+    for x in inputs:
+        blob = Blob(np.shape(x))
+        blob.data[...] = x
+        bottom.append(blob)
+    top = [Blob()]
+    layer = create_layer(layer_param(text))
+    layer.setup(bottom, top)
+    with pytest.raises(NetError) as info:
+        (layer.forward_gpu if gpu_path else layer.forward)(bottom, top)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("text", [softmax_loss_text(ignore=-1), 'type: "Accuracy" accuracy_param { ignore_label: -1 }'])
+@pytest.mark.parametrize("bad", [5.0, -2.0])
+def test_label_out_of_range_is_the_cpu_error(gpu, text, bad):
+    """A label outside [0, classes) reads nothing on the device and raises the CPU path's error."""
+    y = np.float32([0, -1, bad, 1])
+    inputs = [gaussian((4, 5)), y]
+    assert forward_error(text, inputs, True) == forward_error(text, inputs, False)
+
+
+# --- EuclideanLoss ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("down", [[True, True], [True, False], [False, True]])
+@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 4, 2)])
+def test_euclidean_loss(gpu, down, shape):
+    a, b = gaussian(shape), gaussian(shape, seed=2)
+    cpu, dev = run_both('type: "EuclideanLoss"', [a, b], propagate_down=down, loss_weight=0.75)
+    assert_same(cpu, dev)
+
+
+# --- SigmoidCrossEntropyLoss -----------------------------------------------------------------------------------------
+
+def sigmoid_ce_text(normalization=None, ignore=None):
+    loss = ([] if normalization is None else ["normalization: %s" % normalization]) + \
+           ([] if ignore is None else ["ignore_label: %d" % ignore])
+    return 'type: "SigmoidCrossEntropyLoss" loss_param { %s }' % " ".join(loss)
+
+
+@pytest.mark.parametrize("normalization", [None] + NORMALIZATIONS)
+@pytest.mark.parametrize("ignore", [None, -1])
+def test_sigmoid_cross_entropy_loss(gpu, normalization, ignore):
+    shape = (4, 3, 2)
+    x = gaussian(shape, scale=4.0)
+    t = np.random.default_rng(4).random(shape).astype(np.float32)
+    if ignore is not None:
+        t[np.random.default_rng(5).random(shape) < 0.3] = ignore
+    cpu, dev = run_both(sigmoid_ce_text(normalization, ignore), [x, t], loss_weight=3.0)
+    assert_same(cpu, dev)
+
+
+def test_sigmoid_cross_entropy_targets_outside_zero_one(gpu):
+    """Terms of either sign are summed with their signs, as the CPU path does (Caffe's asum would not)."""
+    x = gaussian((6, 5), scale=3.0)
+    t = np.random.default_rng(6).choice(np.float32([-2.0, 0.5, 3.0]), (6, 5)).astype(np.float32)
+    cpu, dev = run_both(sigmoid_ce_text("FULL"), [x, t])
+    assert_same(cpu, dev)
+
+
+# --- Accuracy --------------------------------------------------------------------------------------------------------
+
+def accuracy_text(top_k=1, ignore=None, axis=None):
+    p = ["top_k: %d" % top_k] + ([] if ignore is None else ["ignore_label: %d" % ignore]) + \
+        ([] if axis is None else ["axis: %d" % axis])
+    return 'type: "Accuracy" accuracy_param { %s }' % " ".join(p)
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 5])
+@pytest.mark.parametrize("ignore", [None, 3])
+@pytest.mark.parametrize("num_tops", [1, 2])
+def test_accuracy(gpu, top_k, ignore, num_tops):
+    x = gaussian((20, 6))
+    y = labels((20,), 6, ignore)
+    cpu, dev = run_both(accuracy_text(top_k, ignore), [x, y], num_tops=num_tops, backward=False)
+    assert_same(cpu, dev, diffs=False)
+    assert 0 < dev.top[0].data <= 1
+
+
+def test_accuracy_spatial_axis_ties_and_unseen_classes(gpu):
+    """Scores (N, H, C, W) over axis 2; rounded scores give ties (they count against the true class); some
+    classes have no position (their per-class accuracy is 0)."""
+    x = np.round(gaussian((3, 2, 7, 4)))
+    y = labels((3, 2, 4), 4, ignore=0)
+    cpu, dev = run_both(accuracy_text(2, 0, axis=2), [x, y], num_tops=2, backward=False)
+    assert_same(cpu, dev, diffs=False)
+    assert not dev.top[1].data[4:].any()
+
+
+def test_accuracy_all_ignored(gpu):
+    cpu, dev = run_both(accuracy_text(1, 2), [gaussian((4, 3)), np.full(4, 2, np.float32)], num_tops=2,
+                        backward=False)
+    assert_same(cpu, dev, diffs=False)
+    assert dev.top[0].data == 0 and not dev.top[1].data.any()
+
+
+def test_infogain_loss_has_no_gpu_code(gpu):
+    """InfogainLoss shares SoftmaxWithLoss's base but not its GPU code: the Net runs its CPU code."""
+    from pycaffe_dist.layers.loss import InfogainLossLayer, SoftmaxWithLossLayer
+    assert SoftmaxWithLossLayer.forward_gpu is not None
+    assert InfogainLossLayer.forward_gpu is None and InfogainLossLayer.backward_gpu is None

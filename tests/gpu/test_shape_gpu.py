@@ -1,0 +1,264 @@
+"""The shape layers with GPU code (Split, Concat, Slice, Crop, Tile, Eltwise, Silence, Bias, Scale of
+pycaffe_dist/layers/shape.py; kernels in csrc/cuda/shape.cu and math.cu) against their CPU code: tops, bottom
+diffs and parameter diffs for each layer and its settings, and a net of them that keeps its blobs on the device."""
+import numpy as np
+import pytest
+
+from pycaffe_dist import common
+from pycaffe_dist.layers import create_layer
+from pycaffe_dist.net import synced_memory
+from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.pycaffe import Net
+from tests.gpu.test_activation_gpu import compare_layer, gaussian, tolerance
+from tests.layers.gradient_checker import layer_param
+
+SHAPE = (2, 3, 4, 5)
+
+
+def inputs(*shapes, seed=0):
+    return [gaussian(*s, seed=seed + i) for i, s in enumerate(shapes)]
+
+
+def run(dev, text, shapes, top_shapes=None, **kwargs):
+    """compare_layer on gaussian bottoms of `shapes` and top diffs of `top_shapes` (default: the first shape)."""
+    top_shapes = [shapes[0]] if top_shapes is None else top_shapes
+    kwargs.setdefault("bottom_diffs", inputs(*shapes, seed=50))
+    return compare_layer(dev, text, inputs(*shapes), inputs(*top_shapes, seed=20), num_tops=len(top_shapes), **kwargs)
+
+
+# --- Split, Concat, Slice -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_tops", [1, 2, 3, 4])
+def test_split(gpu, num_tops):
+    got = run(gpu, 'type: "Split"', [SHAPE], [SHAPE] * num_tops, on_device="backward")
+    for i in range(num_tops):
+        np.testing.assert_array_equal(got["top %d" % i], got["top 0"])       # shared data
+
+
+@pytest.mark.parametrize("param,shapes,top", [
+    ("concat_param { axis: 0 }", [(2, 3, 2), (1, 3, 2)], (3, 3, 2)),
+    ("", [(2, 3, 2), (2, 1, 2), (2, 2, 2)], (2, 6, 2)),
+    ("concat_param { concat_dim: 2 }", [(2, 1, 2), (2, 1, 3)], (2, 1, 5)),
+    ("concat_param { axis: -1 }", [(2, 2), (2, 3)], (2, 5)),
+    ("concat_param { axis: 1 }", [(2, 0, 3), (2, 2, 3)], (2, 2, 3)),      # an empty bottom
+])
+def test_concat(gpu, param, shapes, top):
+    run(gpu, 'type: "Concat" ' + param, shapes, [top])
+
+
+def test_concat_some_bottoms_only(gpu):
+    shapes = [(2, 3, 4), (2, 2, 4), (2, 1, 4)]
+    got = run(gpu, 'type: "Concat"', shapes, [(2, 6, 4)], propagate_down=[True, False, True])
+    np.testing.assert_array_equal(got["bottom diff 1"], inputs(*shapes, seed=50)[1])
+
+
+def test_concat_of_one_bottom_shares_it(gpu):
+    got = run(gpu, 'type: "Concat"', [SHAPE], on_device=False)
+    np.testing.assert_array_equal(got["top 0"], inputs(SHAPE)[0])
+
+
+@pytest.mark.parametrize("param,shape,tops", [
+    ("slice_param { axis: 0 }", (4, 3, 2), [(2, 3, 2)] * 2),
+    ("slice_param { axis: 1 slice_point: 1 slice_point: 4 }", (2, 6, 3), [(2, 1, 3), (2, 3, 3), (2, 2, 3)]),
+    ("slice_param { slice_dim: 2 }", (2, 3, 6), [(2, 3, 2)] * 3),
+    ("slice_param { axis: -1 slice_point: 2 }", (3, 5), [(3, 2), (3, 3)]),
+])
+def test_slice(gpu, param, shape, tops):
+    run(gpu, 'type: "Slice" ' + param, [shape], tops)
+
+
+def test_slice_to_one_top_shares_it(gpu):
+    run(gpu, 'type: "Slice"', [SHAPE], [SHAPE], on_device=False)
+
+
+# --- Crop, Tile ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("param,shapes,top", [
+    ("crop_param { axis: 1 offset: 0 offset: 2 offset: 1 }", [(2, 3, 8, 8), (2, 3, 5, 5)], (2, 3, 5, 5)),
+    ("crop_param { axis: 2 offset: 1 }", [(2, 3, 8, 7), (1, 1, 5, 5)], (2, 3, 5, 5)),
+    ("crop_param { axis: 0 offset: 1 offset: 0 offset: 2 offset: 3 }", [(3, 3, 6, 7), (2, 2, 4, 4)], (2, 2, 4, 4)),
+    ("crop_param { axis: 3 }", [(2, 3, 4, 9), (1, 1, 1, 4)], (2, 3, 4, 4)),
+])
+def test_crop(gpu, param, shapes, top):
+    got = run(gpu, 'type: "Crop" ' + param, shapes, [top], propagate_down=[True, False])
+    # bottom 1 gives only the shape: its diff is left alone
+    np.testing.assert_array_equal(got["bottom diff 1"], inputs(*shapes, seed=50)[1])
+
+
+@pytest.mark.parametrize("param,shape,top", [
+    ("tile_param { tiles: 3 }", SHAPE, (2, 9, 4, 5)),
+    ("tile_param { axis: 0 tiles: 2 }", SHAPE, (4, 3, 4, 5)),
+    ("tile_param { axis: -1 tiles: 4 }", (3, 5), (3, 20)),
+    ("tile_param { axis: 2 tiles: 1 }", SHAPE, SHAPE),
+])
+def test_tile(gpu, param, shape, top):
+    run(gpu, 'type: "Tile" ' + param, [shape], [top])
+
+
+# --- Eltwise, Silence -------------------------------------------------------------------------------------------
+
+def ties(*shapes, seed=0):
+    """Inputs on a coarse grid, so that bottoms often tie (MAX's mask then decides who gets the gradient)."""
+    return [np.round(2 * x) / 2 for x in inputs(*shapes, seed=seed)]
+
+
+@pytest.mark.parametrize("param,num", [
+    ("", 2),                                                               # SUM, the default
+    ("eltwise_param { operation: SUM }", 3),
+    ("eltwise_param { operation: SUM coeff: 1 coeff: -0.5 coeff: 2 }", 3),
+    ("eltwise_param { operation: SUM coeff: 0.3 coeff: 1 }", 2),
+    ("eltwise_param { operation: PROD }", 2),
+    ("eltwise_param { operation: PROD }", 3),
+    ("eltwise_param { operation: PROD stable_prod_grad: false }", 3),
+    ("eltwise_param { operation: MAX }", 2),
+    ("eltwise_param { operation: MAX }", 4),
+])
+@pytest.mark.parametrize("tied", [False, True])
+def test_eltwise(gpu, param, num, tied):
+    text = 'type: "Eltwise" ' + param
+    bottoms = ties(*[SHAPE] * num) if tied else inputs(*[SHAPE] * num)
+    if "stable_prod_grad: false" in param:
+        bottoms = [b + np.float32(3.0) for b in bottoms]      # top / bottom: keep away from 0
+    compare_layer(gpu, text, bottoms, inputs(SHAPE, seed=20), bottom_diffs=inputs(*[SHAPE] * num, seed=50))
+
+
+def test_eltwise_some_bottoms_only(gpu):
+    old = inputs(SHAPE, SHAPE, SHAPE, seed=50)
+    for op in ("SUM", "PROD", "MAX"):
+        got = compare_layer(gpu, 'type: "Eltwise" eltwise_param { operation: %s }' % op, ties(SHAPE, SHAPE, SHAPE),
+                            inputs(SHAPE, seed=20), propagate_down=[False, True, True], bottom_diffs=old)
+        np.testing.assert_array_equal(got["bottom diff 0"], old[0])
+
+
+def test_eltwise_in_place(gpu):
+    for op in ("SUM", "PROD", "MAX"):
+        compare_layer(gpu, 'type: "Eltwise" eltwise_param { operation: %s }' % op, inputs(SHAPE, SHAPE),
+                      inputs(SHAPE, seed=20), in_place=True)
+
+
+def test_silence_zeroes_the_bottom_diffs(gpu):
+    old = inputs(SHAPE, (3, 2), seed=50)
+    got = compare_layer(gpu, 'type: "Silence"', inputs(SHAPE, (3, 2)), [], num_tops=0, bottom_diffs=old,
+                        propagate_down=[True, False])
+    assert not got["bottom diff 0"].any()
+    np.testing.assert_array_equal(got["bottom diff 1"], old[1])
+
+
+# --- Bias, Scale ------------------------------------------------------------------------------------------------
+
+def learned(text, shapes):
+    """Values and earlier gradients (learned gradients accumulate) for the layer's parameter blobs, shaped as the
+    layer makes them."""
+    layer = create_layer(layer_param(text))
+    layer.setup([Blob(s) for s in shapes], [Blob()])
+    return ([gaussian(*b.shape, seed=30 + i) for i, b in enumerate(layer.blobs)],
+            [gaussian(*b.shape, seed=40 + i) for i, b in enumerate(layer.blobs)])
+
+
+@pytest.mark.parametrize("param,shapes", [
+    ("", [SHAPE]),                                                        # axis 1, num_axes 1
+    ("bias_param { axis: 0 num_axes: 2 }", [SHAPE]),
+    ("bias_param { num_axes: 0 }", [SHAPE]),                              # a scalar
+    ("bias_param { axis: -1 num_axes: -1 }", [SHAPE]),
+    ("bias_param { axis: 0 num_axes: -1 }", [SHAPE]),                     # outer 1, inner 1
+    ("bias_param { axis: 1 }", [SHAPE, (3, 4)]),                          # the bias is bottom 1
+    ("bias_param { axis: 0 }", [SHAPE, (2,)]),
+])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_bias(gpu, param, shapes, in_place):
+    text = 'type: "Bias" ' + param
+    params, old = learned(text, shapes)
+    run(gpu, text, shapes, params=params, param_diffs=old, in_place=in_place)
+
+
+@pytest.mark.parametrize("param,shapes", [
+    ("", [SHAPE]),                                                        # axis 1, num_axes 1
+    ("scale_param { bias_term: true }", [SHAPE]),
+    ("scale_param { axis: 0 num_axes: -1 bias_term: true }", [SHAPE]),     # outer 1: Caffe assigns the gradient
+    ("scale_param { axis: 0 num_axes: 1 }", [SHAPE]),
+    ("scale_param { num_axes: 0 bias_term: true }", [SHAPE]),             # a scalar: accumulated
+    ("scale_param { axis: 2 num_axes: 2 }", [SHAPE]),
+    ("scale_param { axis: 1 }", [SHAPE, (3, 4)]),                         # the scale is bottom 1
+    ("scale_param { axis: 1 bias_term: true }", [SHAPE, (3,)]),
+    ("scale_param { axis: 0 bias_term: true }", [SHAPE, (2, 3)]),
+    ("scale_param { axis: 0 }", [(1, 3, 4), (1,)]),                        # outer 1, a one-value scale bottom
+])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_scale(gpu, param, shapes, in_place):
+    text = 'type: "Scale" ' + param
+    params, old = learned(text, shapes)
+    run(gpu, text, shapes, params=params, param_diffs=old, in_place=in_place)
+
+
+def test_scale_propagate_down_choices(gpu):
+    # only the scale bottom, then only the data bottom
+    for down in ([False, True], [True, False]):
+        old = inputs(SHAPE, (3,), seed=50)
+        got = run(gpu, 'type: "Scale" scale_param { axis: 1 }', [SHAPE, (3,)], propagate_down=down, bottom_diffs=old)
+        skipped = down.index(False)
+        np.testing.assert_array_equal(got["bottom diff %d" % skipped], old[skipped])
+
+
+# --- a net of them ----------------------------------------------------------------------------------------------
+
+NET = """
+force_backward: true
+layer { name: "in" type: "Input" top: "a" top: "b" input_param { shape { dim: 2 dim: 3 dim: 6 dim: 5 }
+                                                                 shape { dim: 2 dim: 3 dim: 6 dim: 5 } } }
+layer { name: "cat" type: "Concat" bottom: "a" bottom: "b" top: "cat" }
+layer { name: "slice" type: "Slice" bottom: "cat" top: "s1" top: "s2" slice_param { slice_point: 2 } }
+layer { name: "tile" type: "Tile" bottom: "s1" top: "t" tile_param { tiles: 2 } }
+layer { name: "max" type: "Eltwise" bottom: "t" bottom: "s2" top: "m" eltwise_param { operation: MAX } }
+layer { name: "crop" type: "Crop" bottom: "m" bottom: "a" top: "c"
+        crop_param { axis: 1 offset: 1 offset: 0 offset: 0 } }
+layer { name: "prod" type: "Eltwise" bottom: "c" bottom: "a" top: "p" eltwise_param { operation: PROD } }
+layer { name: "scale" type: "Scale" bottom: "p" top: "p" scale_param { bias_term: true
+        filler { type: "gaussian" } bias_filler { type: "gaussian" } } }
+layer { name: "prelu" type: "PReLU" bottom: "p" top: "p" }
+layer { name: "bias" type: "Bias" bottom: "p" bottom: "b" top: "q" bias_param { axis: 0 } }
+layer { name: "drop" type: "Dropout" bottom: "q" top: "q" }
+layer { name: "swish" type: "Swish" bottom: "q" top: "out" }
+layer { name: "sum" type: "Eltwise" bottom: "out" bottom: "b" top: "sum" eltwise_param { coeff: 0.5 coeff: -1 } }
+layer { name: "silence" type: "Silence" bottom: "sum" }
+"""
+# Split layers come in for "a" (4 consumers) and "b" (3); the crop's reference "a" gets no gradient.
+
+
+def _net_run(path, weights, seed):
+    net = Net(str(path), phase=0)       # TRAIN
+    for name, blobs in net.params.items():
+        for blob, value in zip(blobs, weights.get(name, [])):
+            blob.data[...] = value
+    net.blobs["a"].data[...] = gaussian(2, 3, 6, 5, seed=1)
+    net.blobs["b"].data[...] = gaussian(2, 3, 6, 5, seed=2)
+    common.set_random_seed(seed)
+    net.forward()
+    net.blobs["out"].diff[...] = gaussian(2, 3, 6, 5, seed=3)
+    return net
+
+
+def test_net_runs_on_the_device_and_equals_the_cpu(gpu, tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    common.set_mode_cpu()
+    common.set_random_seed(5)
+    cpu = _net_run(path, {}, seed=9)
+    weights = {name: [b.data.copy() for b in blobs] for name, blobs in cpu.params.items()}
+    cpu.backward()
+    common.set_mode_gpu()
+    ours = _net_run(path, weights, seed=9)
+    assert "Split" in [layer.param.type for layer in ours.layers]
+    for name in ("cat", "s1", "t", "m", "c", "p", "q", "out"):
+        assert ours.blobs[name]._data.head in (synced_memory.DEVICE, synced_memory.SYNCED), name
+    for name in ("cat", "m", "p", "out"):
+        assert ours.blobs[name]._data.head == synced_memory.DEVICE, name
+    ours.backward()     # (pycaffe's backward returns the input diffs "a" and "b" as host arrays)
+    for name in ("cat", "s1", "t", "m", "c", "p", "q"):
+        assert ours.blobs[name]._diff.head == synced_memory.DEVICE, name
+    tol = tolerance(gpu)
+    for name in cpu.blobs:
+        np.testing.assert_allclose(ours.blobs[name].data, cpu.blobs[name].data, err_msg=name + " data", **tol)
+        np.testing.assert_allclose(ours.blobs[name].diff, cpu.blobs[name].diff, err_msg=name + " diff", **tol)
+    for name in cpu.params:
+        for i, (g, c) in enumerate(zip(ours.params[name], cpu.params[name])):
+            np.testing.assert_allclose(g.diff, c.diff, err_msg="%s/%d diff" % (name, i), **tol)

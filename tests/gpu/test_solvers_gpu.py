@@ -1,0 +1,67 @@
+"""The solvers in GPU mode: Caffe's solver goldens, equality with the CPU path, state on the device, snapshots
+and restores through the host copies, no device allocation per iteration."""
+import threading
+
+import numpy as np
+import pytest
+
+from pycaffe_dist import common
+from pycaffe_dist.net import synced_memory
+from tests.solver import test_golden_solvers as golden
+from tests.solver.test_golden_solvers import CASES, make_solver, params_of
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ten_iterations_match_caffe_on_gpu(gpu, case, tmp_path, monkeypatch):
+    golden.test_ten_iterations_match_caffe(case, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("case", ["sgd_clip_gradients", "adam", "adadelta"])
+def test_caffes_solverstate_restores_and_continues_on_gpu(gpu, case, tmp_path, monkeypatch):
+    golden.test_caffes_solverstate_restores_and_continues(case, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gpu_run_equals_cpu_run(gpu, case, tmp_path, monkeypatch):
+    common.set_mode_cpu()
+    cpu = make_solver(case, tmp_path, monkeypatch)
+    cpu.step(12)
+    common.set_mode_gpu()
+    on_gpu = make_solver(case, tmp_path, monkeypatch)
+    on_gpu.step(5)
+    # Count the allocations of the training thread (the prefetch threads allocate until their queues are full).
+    allocate, main_thread_allocations = gpu.allocator._alloc, []
+
+    def counting(nbytes):
+        if threading.current_thread() is threading.main_thread():
+            main_thread_allocations.append(nbytes)
+        return allocate(nbytes)
+    gpu.allocator._alloc = counting
+    # The weights, the history and the gradients never left the device during training.
+    for blob in on_gpu.net.learnable_params:
+        assert blob._data.head == synced_memory.DEVICE and blob._diff.head == synced_memory.DEVICE
+    on_gpu.step(7)
+    assert main_thread_allocations == [], "device memory allocated after iteration 5 (tests at 5 and 10 included)"
+    # Emulated: the same float operations as the CPU path (tolerance for BLAS summation order); a real GPU
+    # contracts multiply-adds into FMAs.
+    tol = dict(rtol=1e-5, atol=1e-7) if gpu.name.startswith("emulated") else dict(rtol=1e-4, atol=1e-6)
+    ours, want = params_of(on_gpu), params_of(cpu)
+    for key in want:
+        np.testing.assert_allclose(ours[key], want[key], err_msg=key, **tol)
+    for i, (h_gpu, h_cpu) in enumerate(zip(on_gpu.history, cpu.history)):
+        np.testing.assert_allclose(h_gpu, h_cpu, err_msg="history/%d" % i, **tol)
+
+
+def test_snapshot_on_gpu_restores_on_cpu(gpu, tmp_path, monkeypatch):
+    solver = make_solver("adam", tmp_path, monkeypatch)
+    solver.step(3)
+    _, state = solver.snapshot()
+    weights = params_of(solver)
+    history = [h.copy() for h in solver.history]
+    common.set_mode_cpu()
+    restored = make_solver("adam", tmp_path, monkeypatch, weights=False)
+    restored.restore(state)
+    for key, value in params_of(restored).items():
+        np.testing.assert_array_equal(value, weights[key], err_msg=key)
+    for ours, theirs in zip(restored.history, history):
+        np.testing.assert_array_equal(ours, theirs)
