@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backend import device, neuron
 from ..proto import caffe_pb2
-from .base import Layer
+from .base import Layer, device_scratch, held_scratch
 from .registry import register
 
 
@@ -36,7 +36,6 @@ class NeuronLayer(Layer):
     def __init__(self, param, phase=None):
         super().__init__(param, phase)
         self._work = {}
-        self._gpu_work = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -97,14 +96,7 @@ class NeuronLayer(Layer):
     def gpu_work(self, name, size, fill=None):
         """A device scratch array of `size` float32 values kept between calls (as `work`); `fill`: its value when
         (re)allocated."""
-        dev = device.current()
-        held = self._gpu_work.get(name)
-        if held is None or held[0] is not dev or held[1].size != size:
-            array = dev.empty(size)
-            if fill is not None:
-                dev.fill(array, fill)
-            held = self._gpu_work[name] = (dev, array)
-        return held[1]
+        return device_scratch(self, name, size, fill)
 
     def forward_gpu(self, bottom, top):
         dev = device.current()
@@ -122,7 +114,7 @@ class NeuronLayer(Layer):
     def gpu_bottom_data(self, bottom, top):
         """bottom_data's device twin: x as the forward saw it."""
         if top[0] is bottom[0] and self.backward_needs_bottom:
-            return self._gpu_work["bottom"][1]
+            return held_scratch(self, "bottom")
         return bottom[0].gpu_data
 
     compute_gpu = None       # (dev, x, y): the forward over flat device arrays
@@ -486,7 +478,7 @@ class DropoutLayer(NeuronLayer):
 
     def gradient_gpu(self, dev, x, y, dy, dx):
         if self.phase == caffe_pb2.TRAIN:
-            dev.launch("dropout_apply", dy.size, dy, self._gpu_work["rand"][1], 1.0 - self.threshold, self.scale, dx)
+            dev.launch("dropout_apply", dy.size, dy, held_scratch(self, "rand"), 1.0 - self.threshold, self.scale, dx)
         elif dx.ptr != dy.ptr:
             dev.copy(dx, dy)
 
@@ -533,4 +525,4 @@ class SwishLayer(NeuronLayer):
         dev.launch("swish_forward", x.size, x, self.beta, self.gpu_work("sigmoid", x.size), y)
 
     def gradient_gpu(self, dev, x, y, dy, dx):
-        dev.launch("swish_backward", y.size, y, self._gpu_work["sigmoid"][1], dy, self.beta, dx)
+        dev.launch("swish_backward", y.size, y, held_scratch(self, "sigmoid"), dy, self.beta, dx)

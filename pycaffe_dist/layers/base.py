@@ -6,6 +6,9 @@ A layer is built from its LayerParameter, then `setup(bottom, top)` checks the b
 know which backend runs them. `flops(bottom, top)` counts the forward pass's floating-point operations
 (a multiply-add is 2), for net-info.
 """
+import numpy as np
+
+from ..backend import device
 from ..errors import NetError
 from .. import common
 from ..net.blob import Blob, canonical_axis
@@ -140,3 +143,24 @@ def c_div(a, b):
     """C's integer division (truncates toward zero), which Caffe's output-size formulas use."""
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b > 0) else -q
+
+
+def device_scratch(owner, name, size, fill=None, dtype=np.float32, at_least=False):
+    """A device array of `size` elements kept on `owner` under `name` between calls (as Caffe's layers keep internal
+    blobs), made again only when the device or dtype changes or the size differs (with `at_least`: is too small);
+    `fill` sets every element of a new one (Caffe's ones multipliers)."""
+    dev, dtype = device.current(), np.dtype(dtype)
+    store = owner.__dict__.setdefault("_device_scratch", {})
+    held = store.get(name)
+    if held is None or held[0] is not dev or held[1].dtype != dtype or \
+            (held[1].size < size if at_least else held[1].size != size):
+        array = dev.empty(size, dtype)
+        if fill is not None:
+            dev.fill(array, fill)
+        held = store[name] = (dev, array)
+    return held[1]
+
+
+def held_scratch(owner, name):
+    """The array device_scratch last made under `name` (a forward's result that its backward reads)."""
+    return owner.__dict__["_device_scratch"][name][1]

@@ -11,7 +11,7 @@ from ..backend import device
 from ..backend.conv import ConvEngine
 from .._kernels import im2col as _k
 from ..net.blob import count
-from .base import Layer, c_div, check_param_shapes, checked_axis
+from .base import Layer, c_div, check_param_shapes, checked_axis, device_scratch
 from .registry import register
 
 
@@ -72,16 +72,9 @@ GPU_BUFFER_BYTES = 32 << 20   # bound of the GPU column buffer (and of the per-i
 
 
 def gpu_scratch(owner, name, dev, size, fill=None, dtype=np.float32):
-    """A device array of at least `size` elements kept on `owner` as attribute `name`, reallocated only when it
-    must grow or the device changed; `fill` sets every element of a new (float32) one: a ones vector."""
-    held = getattr(owner, name, None)
-    if held is not None and held[0] is dev and held[1].size >= size and held[1].dtype == dtype:
-        return held[1]
-    array = dev.empty(max(1, size), dtype)
-    if fill is not None:
-        dev.fill(array, fill)
-    setattr(owner, name, (dev, array))
-    return array
+    """A device array of at least `size` elements kept on `owner` (base.device_scratch), reallocated only when it
+    must grow or the device changed; `fill` sets every element of a new one: a ones vector."""
+    return device_scratch(owner, name, max(1, size), fill, dtype, at_least=True)
 
 
 def gpu_ones(owner, dev, size):

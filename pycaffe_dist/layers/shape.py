@@ -8,7 +8,7 @@ import numpy as np
 from ..backend import device
 from ..net.blob import canonical_axis, count
 from ..proto import caffe_pb2
-from .base import Layer
+from .base import Layer, device_scratch
 from .registry import register
 
 
@@ -34,17 +34,8 @@ def _share_gpu(layer, top, source):
 
 
 def _scratch(layer, name, size, dtype=np.float32, fill=None):
-    """A device array kept on the layer between calls (as Caffe's internal blobs), made again when the size or the
-    device changes; `fill`: its value when made."""
-    dev = device.current()
-    held = layer.__dict__.setdefault("_gpu_scratch", {})
-    entry = held.get(name)
-    if entry is None or entry[0] is not dev or entry[1].size != size or entry[1].dtype != np.dtype(dtype):
-        array = dev.empty(size, dtype)
-        if fill is not None:
-            dev.fill(array, fill)
-        entry = held[name] = (dev, array)
-    return entry[1]
+    """A device array kept on the layer between calls (base.device_scratch); `fill`: its value when made."""
+    return device_scratch(layer, name, size, fill, dtype)
 
 
 def _copy_axis_block(dev, src, src_dim, src_start, dst, dst_dim, dst_start, outer, block, inner):

@@ -1,7 +1,7 @@
 """Softmax over one axis (Caffe's softmax_layer.cpp); SoftmaxWithLoss and InfogainLoss use the same kernel.
 The GPU code (csrc/cuda/softmax.cu) follows softmax_layer.cu; SoftmaxWithLoss's GPU code calls gpu_forward too."""
 from ..backend import device, softmax
-from .base import Layer, checked_axis
+from .base import Layer, checked_axis, device_scratch
 from .registry import register
 
 SOFTMAX_FLOPS_PER_ELEMENT = 5   # max, subtract, exp, sum, divide
@@ -48,17 +48,9 @@ class SoftmaxLayer(Layer):
 
 
 def scratch(layer, name, size, value=None):
-    """A device array of `size` floats cached on `layer` under `name`, made anew only when the size or the device
-    changes; `value` fills a new one (e.g. the ones vectors of Caffe's multipliers)."""
-    dev = device.current()
-    held = layer.__dict__.get(name)
-    if held is None or held[0] is not dev or held[1].size != size:
-        array = dev.empty(size)
-        if value is not None:
-            dev.fill(array, value)
-        held = (dev, array)
-        setattr(layer, name, held)
-    return held[1]
+    """A device array of `size` floats cached on `layer` under `name` (base.device_scratch); `value` fills a new
+    one (e.g. the ones vectors of Caffe's multipliers)."""
+    return device_scratch(layer, name, size, value)
 
 
 def gpu_forward(x, y, outer, channels, inner, scale):
