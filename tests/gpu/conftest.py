@@ -36,5 +36,6 @@ def gpu(request):
     try:
         yield dev
     finally:
-        common.set_mode_cpu() if previous == "cpu" else None
+        if previous == "cpu":
+            common.set_mode_cpu()
         device.forget()
