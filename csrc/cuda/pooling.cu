@@ -161,59 +161,53 @@ PCD_DEVICE int pool_end_window(const int h, const int stride, const int pooled) 
   return min(h / stride + 1, pooled);
 }
 
-// MAX and STOCHASTIC TRAIN: the sum of the output diffs of the windows that chose this element.
+// The sum of the output diffs of the windows whose mask names this element: the backward of MAX (an int mask of
+// our own, or Caffe's mask top as floats, read with static_cast<int> as Caffe does) and of STOCHASTIC TRAIN,
+// added to `gradient` (0, or what SPP's other levels left in the bottom diff) in window order.
+template <typename Mask>
+PCD_DEVICE float pool_masked_gradient(float gradient, const int index, const float* top_diff, const Mask* mask,
+                                      const int height, const int width, const int pooled_h, const int pooled_w, const int kernel_h,
+                                      const int kernel_w, const int stride_h, const int stride_w, const int pad_h,
+                                      const int pad_w) {
+  const int w = index % width;
+  const int h = (index / width) % height;
+  const int plane = index / width / height;
+  const int phstart = pool_first_window(h + pad_h, kernel_h, stride_h);
+  const int phend = pool_end_window(h + pad_h, stride_h, pooled_h);
+  const int pwstart = pool_first_window(w + pad_w, kernel_w, stride_w);
+  const int pwend = pool_end_window(w + pad_w, stride_w, pooled_w);
+  const long long offset = (long long)plane * pooled_h * pooled_w;
+  const float* dy = top_diff + offset;
+  const Mask* m = mask + offset;
+  for (int ph = phstart; ph < phend; ++ph) {
+    for (int pw = pwstart; pw < pwend; ++pw) {
+      if (static_cast<int>(m[ph * pooled_w + pw]) == h * width + w) {
+        gradient += dy[ph * pooled_w + pw];
+      }
+    }
+  }
+  return gradient;
+}
+
 PCD_KERNEL void pool_mask_backward(const int n, const float* top_diff, const int* mask, const int height,
                                    const int width, const int pooled_h, const int pooled_w, const int kernel_h,
                                    const int kernel_w, const int stride_h, const int stride_w, const int pad_h,
                                    const int pad_w, const int accumulate, float* bottom_diff) {
   CUDA_KERNEL_LOOP(index, n) {
-    const int w = index % width;
-    const int h = (index / width) % height;
-    const int plane = index / width / height;
-    const int phstart = pool_first_window(h + pad_h, kernel_h, stride_h);
-    const int phend = pool_end_window(h + pad_h, stride_h, pooled_h);
-    const int pwstart = pool_first_window(w + pad_w, kernel_w, stride_w);
-    const int pwend = pool_end_window(w + pad_w, stride_w, pooled_w);
-    const long long offset = (long long)plane * pooled_h * pooled_w;
-    const float* dy = top_diff + offset;
-    const int* m = mask + offset;
-    float gradient = accumulate ? bottom_diff[index] : 0.0f;
-    for (int ph = phstart; ph < phend; ++ph) {
-      for (int pw = pwstart; pw < pwend; ++pw) {
-        if (m[ph * pooled_w + pw] == h * width + w) {
-          gradient += dy[ph * pooled_w + pw];
-        }
-      }
-    }
-    bottom_diff[index] = gradient;
+    bottom_diff[index] = pool_masked_gradient(accumulate ? bottom_diff[index] : 0.0f, index, top_diff, mask, height,
+                                              width, pooled_h, pooled_w, kernel_h, kernel_w, stride_h, stride_w,
+                                              pad_h, pad_w);
   }
 }
 
-// MAX with Caffe's mask top: the positions come from top[1] as floats (static_cast<int>, as Caffe's).
 PCD_KERNEL void pool_top_mask_backward(const int n, const float* top_diff, const float* top_mask, const int height,
                                        const int width, const int pooled_h, const int pooled_w, const int kernel_h,
                                        const int kernel_w, const int stride_h, const int stride_w, const int pad_h,
                                        const int pad_w, const int accumulate, float* bottom_diff) {
   CUDA_KERNEL_LOOP(index, n) {
-    const int w = index % width;
-    const int h = (index / width) % height;
-    const int plane = index / width / height;
-    const int phstart = pool_first_window(h + pad_h, kernel_h, stride_h);
-    const int phend = pool_end_window(h + pad_h, stride_h, pooled_h);
-    const int pwstart = pool_first_window(w + pad_w, kernel_w, stride_w);
-    const int pwend = pool_end_window(w + pad_w, stride_w, pooled_w);
-    const long long offset = (long long)plane * pooled_h * pooled_w;
-    const float* dy = top_diff + offset;
-    const float* m = top_mask + offset;
-    float gradient = accumulate ? bottom_diff[index] : 0.0f;
-    for (int ph = phstart; ph < phend; ++ph) {
-      for (int pw = pwstart; pw < pwend; ++pw) {
-        if ((int)m[ph * pooled_w + pw] == h * width + w) {
-          gradient += dy[ph * pooled_w + pw];
-        }
-      }
-    }
-    bottom_diff[index] = gradient;
+    bottom_diff[index] = pool_masked_gradient(accumulate ? bottom_diff[index] : 0.0f, index, top_diff, top_mask,
+                                              height, width, pooled_h, pooled_w, kernel_h, kernel_w, stride_h,
+                                              stride_w, pad_h, pad_w);
   }
 }
 

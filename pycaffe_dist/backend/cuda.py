@@ -88,6 +88,11 @@ class CudaDevice(RowMajorBlas, Device):
             if not path.exists():
                 raise DeviceError("%s is missing: the package was built without nvcc; rebuild it where nvcc is on "
                                   "the PATH (pip install -e .)" % path)
+            source = kernel_source.SOURCE_DIR / (stem + ".cu")
+            header = kernel_source.SOURCE_DIR / "common.cuh"
+            if source.exists() and max(source.stat().st_mtime, header.stat().st_mtime) > path.stat().st_mtime:
+                raise DeviceError("%s is older than %s: rebuild the kernels (python pycaffe_dist/backend/"
+                                  "kernel_source.py gpu, or pip install -e .)" % (path, source))
             try:
                 module = self._driver.module_from_file(str(path))
             except Exception as exc:

@@ -12,6 +12,8 @@ Memory comes as `DeviceArray`s (a typed range of device memory; `at(offset, size
 caching allocator: a freed block goes back to its size bin, so training allocates nothing per iteration.
 GEMM and the vector BLAS follow Caffe's math_functions.hpp (row-major, transposes as flags).
 """
+import os
+
 import numpy as np
 
 from .. import common
@@ -72,36 +74,33 @@ class CachingAllocator:
         size = self.rounded(nbytes)
         free = self._bins.get(size)
         if free:
-            block = free.pop()
+            ptr, handle = free.pop()
         else:
             ptr, handle = self._alloc(size)
             self.device_allocations += 1
-            block = _Block(self, ptr, size, handle)
-        block.live = True
         self.bytes_in_use += size
-        return block
+        return _Block(self, ptr, size, handle)
+
+    def _give_back(self, block):
+        self.bytes_in_use -= block.size
+        self._bins.setdefault(block.size, []).append((block.ptr, block.handle))
 
     def release_cached(self):
         for blocks in self._bins.values():
-            for block in blocks:
-                self._free(block.handle)
+            for _, handle in blocks:
+                self._free(handle)
         self._bins.clear()
 
 
 class _Block:
-    """One allocation. Arrays hold it as their owner; when the last one goes, it returns to its bin."""
-    __slots__ = ("allocator", "ptr", "size", "handle", "live")
+    """One allocation in use. Arrays hold it as their owner; when the last one goes, its memory returns to its bin."""
+    __slots__ = ("allocator", "ptr", "size", "handle")
 
     def __init__(self, allocator, ptr, size, handle):
-        self.allocator, self.ptr, self.size, self.handle, self.live = allocator, ptr, size, handle, False
+        self.allocator, self.ptr, self.size, self.handle = allocator, ptr, size, handle
 
     def __del__(self):
-        if self.live:
-            self.live = False
-            self.allocator.bytes_in_use -= self.size
-            # A block cannot resurrect itself from __del__: a new one takes over its memory in the bin.
-            self.allocator._bins.setdefault(self.size, []).append(_Block(self.allocator, self.ptr, self.size,
-                                                                         self.handle))
+        self.allocator._give_back(self)
 
 
 class Device:
@@ -180,7 +179,6 @@ def current():
 
 def open_device(index):
     """PCD_DEVICE=emulated chooses the host emulation (tests, machines without a GPU); otherwise pycuda."""
-    import os
     if os.environ.get("PCD_DEVICE", "") == "emulated":
         from .emulated import EmulatedDevice
         return EmulatedDevice(index)

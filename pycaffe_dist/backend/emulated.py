@@ -23,7 +23,7 @@ def _view(ptr, size, dtype=np.float32):
     return np.ctypeslib.as_array((ctypes.c_char * (size * dtype.itemsize)).from_address(ptr)).view(dtype)
 
 
-def _matrix(array, rows, cols, ld, ptr_offset=0):
+def _matrix(array, rows, cols, ld):
     """A column-major rows x cols matrix with leading dimension ld, as a numpy view (its transpose's layout)."""
     flat = _view(array.ptr, array.size, array.dtype)
     need = (cols - 1) * ld + rows if rows and cols else 0

@@ -11,6 +11,7 @@ Host memory is page-locked while a device is in use, so those copies run at full
 import numpy as np
 
 from ..backend import device as _device
+from ..errors import DeviceError
 
 UNINIT, HOST, DEVICE, SYNCED = 0, 1, 2, 3
 
@@ -44,7 +45,7 @@ class SyncedMemory:
         dev = _device.current()
         if self._dev is None:
             if self.dtype != np.float32:
-                raise _device.DeviceError("the GPU path computes in float32; this blob holds %s" % self.dtype)
+                raise DeviceError("the GPU path computes in float32; this blob holds %s" % self.dtype)
             self._dev = dev.empty(self.size, self.dtype)
             if self.head == UNINIT:
                 dev.memset(self._dev, 0)
