@@ -1,7 +1,7 @@
 """Builds the Cython CPU kernels under csrc/ as extension modules of pycaffe_dist._kernels (see pyproject.toml).
 
-The kernels use OpenMP (prange over images and channels); pycaffe_dist.common.set_num_threads sets its thread
-count together with the BLAS's. PYCAFFE_DIST_KERNELS=a,b limits a build to those modules (tools/build_kernel.sh).
+The kernels use OpenMP (prange over images and channels, and over blocks of a GEMM: csrc/gemm.pyx);
+pycaffe_dist.common.set_num_threads sets the thread count. PYCAFFE_DIST_KERNELS=a,b limits a build to those modules (tools/build_kernel.sh).
 
 The kernels are compiled for the building machine's CPU (-march=native: AVX2/AVX-512 where it has them), as the
 package is built where it runs. PYCAFFE_DIST_MARCH sets another target, e.g. x86-64-v2 for a wheel that other

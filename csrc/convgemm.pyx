@@ -3,10 +3,8 @@
 
 A chunk of images is unrolled into the batch column layout (rows, n, P) and each group takes ONE GEMM over n * P
 columns (better BLAS efficiency than Caffe's per-image GEMMs on small maps). Chunks are independent, so OpenMP
-threads take whole chunks. The GEMMs go to numpy's OpenBLAS through function pointers that
-pycaffe_dist/backend/conv.py finds (`use_blas`): for our shapes it runs 1.5-3x faster than scipy's OpenBLAS
-build, whose cython_blas remains the fallback. While several chunks run in parallel the caller keeps BLAS at one
-thread, so that the two thread pools never fight over the cores.
+threads take whole chunks. The GEMMs are blas_core.pxi's: numpy's OpenBLAS, kept
+at one thread (pycaffe_dist/common.py), so that our OpenMP threads are the only ones competing for the cores.
 
 Names follow a convolution: the "image side" is what im2col reads, W is (out_channels, rows / group) per
 group, the "output side" is (N, out_channels, P). One pass does any of:
@@ -15,48 +13,51 @@ group, the "output side" is (N, out_channels, P). One pass does any of:
     dW_partial[thread] += yt col^T           if dw is given      (a convolution's weight gradient)
     out = W col (+ bias)                     if out is given     (a convolution's forward)
     im_out = col2im(W^T yt)                  if im_out is given  (a convolution's backward; a deconvolution's forward)
-BLAS is column-major: a row-major (r x c) matrix is a column-major (c x r) one with leading dimension c.
 """
 from cython.parallel cimport prange, threadid
-from libc.stdint cimport int64_t
-from scipy.linalg.cython_blas cimport dgemm, sgemm
-
 include "im2col_core.pxi"
-
-# Fortran GEMMs of an ILP64 BLAS (64-bit integers), or NULL for scipy's LP64 cython_blas.
-ctypedef void (*sgemm64_t)(const char*, const char*, const int64_t*, const int64_t*, const int64_t*, const float*,
-                           const float*, const int64_t*, const float*, const int64_t*, const float*, float*,
-                           const int64_t*) noexcept nogil
-ctypedef void (*dgemm64_t)(const char*, const char*, const int64_t*, const int64_t*, const int64_t*, const double*,
-                           const double*, const int64_t*, const double*, const int64_t*, const double*, double*,
-                           const int64_t*) noexcept nogil
-cdef sgemm64_t _sgemm64 = NULL
-cdef dgemm64_t _dgemm64 = NULL
+include "blas_core.pxi"
 
 
-def use_blas(size_t sgemm64_address, size_t dgemm64_address):
-    """Use these ILP64 Fortran sgemm/dgemm (addresses of e.g. numpy's OpenBLAS `scipy_sgemm_64_`); 0, 0 goes back
-    to scipy's cython_blas."""
-    global _sgemm64, _dgemm64
-    if (sgemm64_address == 0) != (dgemm64_address == 0):
-        raise ValueError("use_blas: give both GEMMs or neither")
-    _sgemm64 = <sgemm64_t>sgemm64_address
-    _dgemm64 = <dgemm64_t>dgemm64_address
+cdef extern from *:
+    """
+    /* Runs of the 2-D unroll and fold: whole 32-byte blocks as one unaligned vector load and store (or add)
+       each, then the tail. A runtime-length loop costs an alias check, a vector loop and an epilogue per run,
+       too much for LeNet's 8-value runs. __restrict: a run never overlaps its source. */
+    #define PCD_RUNS(copy, add, real)                                                                            \
+    static inline void copy(real* __restrict dst, const real* __restrict src, int n) {                          \
+        int i = 0;                                                                                              \
+        for (; i + (int)(32 / sizeof(real)) <= n; i += 32 / sizeof(real)) __builtin_memcpy(dst + i, src + i, 32); \
+        for (; i < n; i++) dst[i] = src[i];                                                                     \
+    }                                                                                                           \
+    static inline void add(real* __restrict dst, const real* __restrict src, int n) {                           \
+        typedef real block __attribute__((vector_size(32), aligned(sizeof(real)), may_alias));                 \
+        int i = 0;                                                                                              \
+        for (; i + (int)(32 / sizeof(real)) <= n; i += 32 / sizeof(real))                                       \
+            *(block*)(dst + i) = *(const block*)(dst + i) + *(const block*)(src + i);                           \
+        for (; i < n; i++) dst[i] += src[i];                                                                    \
+    }
+    PCD_RUNS(pcd_copy_run_f, pcd_add_run_f, float)
+    PCD_RUNS(pcd_copy_run_d, pcd_add_run_d, double)
+    """
+    void pcd_copy_run_f(float* dst, const float* src, int n) noexcept nogil
+    void pcd_add_run_f(float* dst, const float* src, int n) noexcept nogil
+    void pcd_copy_run_d(double* dst, const double* src, int n) noexcept nogil
+    void pcd_add_run_d(double* dst, const double* src, int n) noexcept nogil
 
 
-cdef void _gemm(char transa, char transb, int m, int n, int k, real alpha, const real* a, int lda,
-                const real* b, int ldb, real beta, real* c, int ldc) noexcept nogil:
-    cdef int64_t m64 = m, n64 = n, k64 = k, lda64 = lda, ldb64 = ldb, ldc64 = ldc
+cdef inline void _copy_run(real* dst, const real* src, int n) noexcept nogil:
     if real is float:
-        if _sgemm64 != NULL:
-            _sgemm64(&transa, &transb, &m64, &n64, &k64, &alpha, a, &lda64, b, &ldb64, &beta, c, &ldc64)
-        else:
-            sgemm(&transa, &transb, &m, &n, &k, &alpha, <float*>a, &lda, <float*>b, &ldb, &beta, c, &ldc)
+        pcd_copy_run_f(dst, src, n)
     else:
-        if _dgemm64 != NULL:
-            _dgemm64(&transa, &transb, &m64, &n64, &k64, &alpha, a, &lda64, b, &ldb64, &beta, c, &ldc64)
-        else:
-            dgemm(&transa, &transb, &m, &n, &k, &alpha, <double*>a, &lda, <double*>b, &ldb, &beta, c, &ldc)
+        pcd_copy_run_d(dst, src, n)
+
+
+cdef inline void _add_run(real* dst, const real* src, int n) noexcept nogil:
+    if real is float:
+        pcd_add_run_f(dst, src, n)
+    else:
+        pcd_add_run_d(dst, src, n)
 
 
 cdef const real* _padded(const real* im, real* padded, int channels, int height, int width, int pad_h,
@@ -77,8 +78,7 @@ cdef const real* _padded(const real* im, real* padded, int channels, int height,
 cdef void _unroll(const real* src, int channels, int height, int width, int kernel_h, int kernel_w,
                   int stride_h, int stride_w, int dilation_h, int dilation_w, int output_h, int output_w,
                   real* col, Py_ssize_t ld) noexcept nogil:
-    # im2col of one (already padded) 2-D image: every output row is one run of output_w values, copied by a
-    # loop the compiler vectorizes (a memcpy call or an index gather costs more than LeNet's 8-value runs).
+    # im2col of one (already padded) 2-D image: every output row is one run of output_w values.
     cdef Py_ssize_t c, kh, kw, oh, ow
     cdef const real* row
     cdef real* dst
@@ -90,8 +90,7 @@ cdef void _unroll(const real* src, int channels, int height, int width, int kern
                 for oh in range(output_h):
                     row = src + (c * height + oh * stride_h + kh * dilation_h) * width + kw * dilation_w
                     if stride_w == 1:
-                        for ow in range(output_w):
-                            dst[ow] = row[ow]
+                        _copy_run(dst, row, output_w)
                     else:
                         for ow in range(output_w):
                             dst[ow] = row[ow * stride_w]
@@ -119,8 +118,7 @@ cdef void _fold(const real* col, real* im, real* padded, int channels, int heigh
                 for oh in range(output_h):
                     row = acc + (c * padded_h + oh * stride_h + kh * dilation_h) * padded_w + kw * dilation_w
                     if stride_w == 1:
-                        for ow in range(output_w):
-                            row[ow] += src[ow]
+                        _add_run(row, src, output_w)
                     else:
                         for ow in range(output_w):
                             row[ow * stride_w] += src[ow]
@@ -140,7 +138,8 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
     """One pass over `num` images in chunks of `chunk` (see the module docstring). Empty arrays mean "not given".
     scratch: threads * ((rows + out_channels) * chunk * P + padded image) values, the padded images' part zero;
     2-D geometries (unless force_nd) use the padded row copies above, others Caffe's N-d loops; dw_partials:
-    threads * w.size, zeroed by the caller and summed over threads afterwards."""
+    min(threads, chunks) * w.size, a sum per thread at work, which the kernel adds to (the caller zeroes and sums
+    them, or passes dW itself where one thread works)."""
     cdef int c_im[MAX_AXES]
     cdef int c_col[MAX_AXES]
     cdef int k[MAX_AXES]
@@ -157,16 +156,16 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
     cdef Py_ssize_t padded_count = c_im[0] * (c_im[1] + 2 * p[0]) * (c_im[2] + 2 * p[1]) if rows2d else 0
     cdef Py_ssize_t per_thread = (rows + out_channels) * chunk * positions + padded_count
     cdef Py_ssize_t out_count = out_channels * positions
+    cdef Py_ssize_t chunks = (num + chunk - 1) // chunk if chunk > 0 else 0, ci, n0, nb, i, m, q, cols
     if chunk < 1 or threads < 1 or scratch.shape[0] < threads * per_thread or w.shape[0] != out_channels * kg:
         raise ValueError("convgemm.run: scratch, chunk or weights do not fit the geometry")
     if (want_col and im_in.shape[0] != num * im_count) or (want_y and y_in.shape[0] != num * out_count) or \
             (want_out and out.shape[0] != num * out_count) or (want_im and im_out.shape[0] != num * im_count) or \
-            (want_dw and dw_partials.shape[0] < threads * w.shape[0]) or \
+            (want_dw and dw_partials.shape[0] < min(threads, chunks) * w.shape[0]) or \
             (want_bias and bias.shape[0] != out_channels):
         raise ValueError("convgemm.run: array sizes do not match %d images of %r" % (num, tuple(im_shape)))
     if num and ((want_dw or want_out) and not want_col or (want_dw or want_im) and not want_y):
         raise ValueError("convgemm.run: the requested products need im_in / y_in")
-    cdef Py_ssize_t chunks = (num + chunk - 1) // chunk, ci, n0, nb, i, m, q, cols
     if num == 0 or rows == 0 or positions == 0:
         # Empty sums (no channels in the window, or no positions): images get 0, outputs their bias.
         if want_im:
@@ -176,6 +175,8 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
                 out[i] = bias[(i // positions) % out_channels] if want_bias else 0
         return
     cdef int g, tid
+    # One chunk (a batch of one, or few large images): the threads split its GEMMs instead.
+    cdef int gemm_threads = threads if chunks == 1 else 1
     cdef real* col
     cdef real* yt
     cdef real* padded
@@ -209,14 +210,14 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
                         dst[q] = src[q]
         for g in range(group):
             if want_dw:     # dW_g (mg x kg) += yt_g (mg x cols) col_g^T
-                _gemm(c'T', c'N', kg, mg, <int>cols, 1, col + g * kg * cols, <int>cols,
-                      yt + g * mg * cols, <int>cols, 1, &dw_partials[0] + tid * w.shape[0] + g * mg * kg, kg)
+                _gemm_split(False, True, mg, kg, cols, 1, yt + g * mg * cols, <int>cols, col + g * kg * cols,
+                            <int>cols, 1, &dw_partials[0] + tid * w.shape[0] + g * mg * kg, kg, gemm_threads)
             if want_out:    # prod_g (mg x cols) = W_g (mg x kg) col_g, into the yt buffer
-                _gemm(c'N', c'N', <int>cols, mg, kg, 1, col + g * kg * cols, <int>cols, &w[0] + g * mg * kg, kg,
-                      0, yt + g * mg * cols, <int>cols)
+                _gemm_split(False, False, mg, cols, kg, 1, &w[0] + g * mg * kg, kg, col + g * kg * cols, <int>cols,
+                            0, yt + g * mg * cols, <int>cols, gemm_threads)
             if want_im:     # dcol_g (kg x cols) = W_g^T yt_g, into the col buffer (its columns are used up)
-                _gemm(c'N', c'T', <int>cols, kg, mg, 1, yt + g * mg * cols, <int>cols, &w[0] + g * mg * kg, kg,
-                      0, col + g * kg * cols, <int>cols)
+                _gemm_split(True, False, kg, cols, mg, 1, &w[0] + g * mg * kg, kg, yt + g * mg * cols, <int>cols,
+                            0, col + g * kg * cols, <int>cols, gemm_threads)
         if want_out:        # (out, nb * P) -> (nb, out, P), plus the bias
             for i in range(nb):
                 for m in range(out_channels):

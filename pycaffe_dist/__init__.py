@@ -1,10 +1,11 @@
 """pycaffe-dist: a Caffe-compatible trainer. `import pycaffe_dist as caffe` gives pycaffe's interface."""
 import os
 
-# Our OpenMP kernels and the BLAS's own threads take turns on the same cores. GNU OpenMP's default is to spin
-# for a long while after each parallel region, which starves the BLAS threads of the next GEMM (measured: 2
-# threads ran 4-8x slower than 1). Idle OpenMP threads must sleep instead; read when libgomp loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Our OpenMP threads are the only ones that compute: they split the GEMMs too, each BLAS call single-threaded
+# (csrc/gemm.pyx says why). Set before numpy loads, this keeps OpenBLAS from starting a thread pool at all;
+# pycaffe_dist.common.single_threaded_blas covers a numpy imported earlier. (OpenMP keeps its default wait
+# policy: a short spin, then sleep, which the many small parallel regions of a net step need.)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from .common import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from .errors import (DataError, ModelFileError, NetError, PrototxtError, PycaffeDistError, SolverError, StoreError,
                      UpgradeError)

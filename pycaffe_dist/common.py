@@ -47,28 +47,21 @@ def data_shard():
     return _state["data_shard"]
 
 
-def _is_kernel_blas(lib):
-    # scipy's BLAS serves the convolution kernel (csrc/convgemm.pyx), called from inside our OpenMP threads.
-    return "scipy" in lib.filepath and "numpy" not in lib.filepath
-
-
 def set_num_threads(n):
-    """Threads for the CPU work: the OpenMP kernels (csrc/) and numpy's BLAS (the GEMMs outside them). Caffe's CPU
-    build uses OPENBLAS_NUM_THREADS for the latter and is single-threaded otherwise."""
-    from threadpoolctl import ThreadpoolController
+    """Threads for the CPU work: our OpenMP threads run the kernels (csrc/) and split the GEMMs, while every BLAS
+    stays at one thread (csrc/gemm.pyx says why). Caffe's CPU build threads only inside OpenBLAS
+    (OPENBLAS_NUM_THREADS)."""
     from ._kernels import parallel
-    n = max(1, int(n))
-    for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
-        lib.set_num_threads(1 if _is_kernel_blas(lib) else n)
-    parallel.set_num_threads(n)
+    single_threaded_blas()
+    parallel.set_num_threads(max(1, int(n)))
 
 
-def single_threaded_kernel_blas():
-    """The kernel's BLAS must never start threads of its own: our threads already split the work."""
+def single_threaded_blas():
+    """Keep every loaded BLAS at one thread: our threads already split the work (also without set_num_threads,
+    as the GEMM kernels load: backend/blas.py)."""
     from threadpoolctl import ThreadpoolController
     for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
-        if _is_kernel_blas(lib):
-            lib.set_num_threads(1)
+        lib.set_num_threads(1)
 
 
 def num_threads():

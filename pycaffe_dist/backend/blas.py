@@ -8,6 +8,8 @@ was built against another BLAS.
 import ctypes
 import functools
 
+import numpy as np
+
 # (sgemm, dgemm) names of an ILP64 Fortran interface: scipy-openblas64's, then plain OpenBLAS ILP64 builds'.
 _GEMM_SYMBOLS = (("scipy_sgemm_64_", "scipy_dgemm_64_"), ("sgemm_64_", "dgemm_64_"))
 
@@ -32,20 +34,30 @@ def numpy_blas():
     return None
 
 
-class single_threaded:
-    """Keep numpy's BLAS at one thread inside the block when our own threads already split the work."""
+_loaded = {}
 
-    def __init__(self, active):
-        found = numpy_blas() if active else None
-        self.lib = found[0] if found else None
 
-    def __enter__(self):
-        if self.lib is not None:
-            self.threads = self.lib.num_threads
-            if self.threads != 1:
-                self.lib.set_num_threads(1)
-        return self
+def kernel(name):
+    """The GEMM-calling kernel module `name` of pycaffe_dist._kernels (convgemm, gemm), imported on first use (it
+    loads scipy's BLAS, which building a net for its shapes should not pay for) and pointed at numpy's BLAS where
+    that is found. Every BLAS is set to one thread then: our OpenMP threads split the work (csrc/gemm.pyx)."""
+    module = _loaded.get(name)
+    if module is None:
+        import importlib
+        from .. import common
+        module = importlib.import_module("pycaffe_dist._kernels." + name)
+        common.single_threaded_blas()
+        found = numpy_blas()
+        if found:
+            module.use_blas(found[1], found[2])
+        _loaded[name] = module
+    return module
 
-    def __exit__(self, *exc):
-        if self.lib is not None and self.threads != 1:
-            self.lib.set_num_threads(self.threads)
+
+def gemm(trans_a, trans_b, alpha, a, b, beta, c):
+    """c = alpha op(a) op(b) + beta c (row-major 2-D arrays of one dtype, c C-contiguous), split across our
+    threads; op(x) = x.T where trans_* is set. Non-contiguous a, b are copied first."""
+    from .. import common
+    dtype = c.dtype
+    kernel("gemm").gemm(bool(trans_a), bool(trans_b), alpha, np.ascontiguousarray(a, dtype=dtype),
+                        np.ascontiguousarray(b, dtype=dtype), beta, c, common.num_threads())

@@ -20,22 +20,6 @@ from ..net.blob import count as _count
 COL_CHUNK_BYTES = 512 << 10   # column buffer per chunk: about L2-sized, so the GEMM reads what im2col wrote from L2
 
 
-_kernel = []
-
-
-def _convgemm():
-    """The kernel, imported on first use: it loads scipy's BLAS, which building a net for its shapes (net-info,
-    upgrade) should not pay for. Its GEMMs go to numpy's BLAS where that can be found (backend/blas.py)."""
-    if not _kernel:
-        from .._kernels import convgemm
-        common.single_threaded_kernel_blas()
-        found = blas.numpy_blas()
-        if found:
-            convgemm.use_blas(found[1], found[2])
-        _kernel.append(convgemm)
-    return _kernel[0]
-
-
 def _flat(array, dtype, writable=False):
     if array is None:
         return np.empty(0, dtype=dtype)
@@ -76,14 +60,17 @@ class ConvEngine:
         scratch = self._scratch.get(dtype)
         if scratch is None or scratch.size < size:
             scratch = self._scratch[dtype] = np.zeros(size, dtype=dtype)
-        partials = np.zeros(threads * w.size, dtype=dtype) if dw is not None else np.empty(0, dtype=dtype)
-        kernel = _convgemm()
-        # Several chunks: our threads take them, each with a one-thread BLAS. One chunk: BLAS may thread inside.
-        with blas.single_threaded(threads > 1 and num > chunk):
-            kernel.run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
-                       _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, num, *self.geometry,
-                       self.force_nd, self.group, self.out_channels, chunk, threads)
-        if dw is not None:
+        # The weight gradient: one partial sum per thread, or with one thread at work dW itself (beta = 1 adds).
+        direct = dw is not None and (threads == 1 or num <= chunk) and dw.dtype == dtype and dw.flags.c_contiguous
+        if direct:
+            partials = dw.reshape(-1)
+        else:
+            partials = np.zeros(threads * w.size, dtype=dtype) if dw is not None else np.empty(0, dtype=dtype)
+        # Several chunks: our threads take them, each with a one-thread BLAS. One chunk: they split its GEMMs.
+        blas.kernel("convgemm").run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
+                                    _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, num,
+                                    *self.geometry, self.force_nd, self.group, self.out_channels, chunk, threads)
+        if dw is not None and not direct:
             dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
 
     def image_to_output(self, w, ims, out=None, bias=None, dw=None, y=None):

@@ -4,11 +4,18 @@ Each returns a `make_batch()` closure for the prefetch thread. The closures hold
 plain values, never the layer, so that a dropped net lets its prefetch thread end.
 """
 import os
+import time
 
 import numpy as np
 
 from ..errors import DataError
 from . import images, sources
+
+
+# The batch makers run in the prefetch thread, in Python: they hold the GIL between records, and the training
+# thread, back from a kernel that released it, would wait for the whole batch (CPython hands the GIL over only
+# every 5 ms). Every this many records they give it up for a moment.
+RECORDS_PER_GIL_RELEASE = 8
 
 
 def _stack(arrays, names, where):
@@ -44,6 +51,8 @@ def record_batches(source, batch_size, transformer, where, skip=0, shard=0, num_
             arrays.append(datum_image(datum, transform_param, record_where))
             keys.append(repr(key))
             labels[i] = datum.label
+            if i % RECORDS_PER_GIL_RELEASE == RECORDS_PER_GIL_RELEASE - 1:
+                time.sleep(0)
         return transformer.transform(_stack(arrays, keys, where)), labels
     return make_batch
 
@@ -70,5 +79,7 @@ def image_list_batches(entries, param, transformer, rng, where, skip=0):
                 state["pos"] = 0
                 if param.shuffle:
                     state["order"] = rng.permutation(len(entries))
+            if i % RECORDS_PER_GIL_RELEASE == RECORDS_PER_GIL_RELEASE - 1:
+                time.sleep(0)
         return transformer.transform(_stack(arrays, names, where)), labels
     return make_batch

@@ -2,7 +2,7 @@
 inner_product_layer.cu (cuBLAS) and embed_layer.cu (kernels in csrc/cuda/im2col.cu)."""
 import numpy as np
 
-from ..backend import device
+from ..backend import blas, device
 from ..net.blob import count
 from .conv import gpu_ones, gpu_scratch
 from .base import Layer, check_param_shapes, checked_axis
@@ -46,7 +46,7 @@ class InnerProductLayer(Layer):
         x = bottom[0].data.reshape(self.M, self.K)
         w = self.blobs[0].data
         y = top[0].data.reshape(self.M, self.num_output)
-        np.dot(x, w if self.transpose else w.T, out=y)
+        blas.gemm(False, not self.transpose, 1.0, x, w, 0.0, y)
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -55,12 +55,15 @@ class InnerProductLayer(Layer):
         x = bottom[0].data.reshape(self.M, self.K)
         if self.param_propagate_down[0]:
             # Caffe accumulates: its GEMM has beta = 1.
-            self.blobs[0].diff[...] += np.dot(x.T, dy) if self.transpose else np.dot(dy.T, x)
+            dw = self.blobs[0].diff
+            if self.transpose:
+                blas.gemm(True, False, 1.0, x, dy, 1.0, dw)
+            else:
+                blas.gemm(True, False, 1.0, dy, x, 1.0, dw)
         if self.bias_term and self.param_propagate_down[1]:
             self.blobs[1].diff[...] += dy.sum(axis=0)
         if propagate_down[0]:
-            w = self.blobs[0].data
-            np.dot(dy, w.T if self.transpose else w, out=bottom[0].diff.reshape(self.M, self.K))
+            blas.gemm(False, self.transpose, 1.0, dy, self.blobs[0].data, 0.0, bottom[0].diff.reshape(self.M, self.K))
 
     def forward_gpu(self, bottom, top):
         # Caffe's inner_product_layer.cu: a GEMV for one row (with the weights' layout honoured, which Caffe's
