@@ -87,23 +87,34 @@ PCD_KERNEL void col2im_2d(const int n, const float* data_col, const int channels
 
 #define PCD_IM2COL_MAX_AXES 32   // Caffe's kMaxBlobAxes
 
+// The arrays packed one after the other in `shape` (above).
+struct NdGeometry {
+  const int *im_shape, *col_shape, *kernel, *pad, *stride, *dilation;
+};
+
+PCD_DEVICE NdGeometry nd_geometry(const int* shape, const int num_axes) {
+  NdGeometry g;
+  g.im_shape = shape;
+  g.col_shape = g.im_shape + num_axes + 1;
+  g.kernel = g.col_shape + num_axes + 1;
+  g.pad = g.kernel + num_axes;
+  g.stride = g.pad + num_axes;
+  g.dilation = g.stride + num_axes;
+  return g;
+}
+
 // n = num * rows * prod(out) threads, one per column entry (row = channel * kernel_size + tap, taps in row-major
 // order over the kernel; then the output position, last axis fastest), as Caffe's im2col_nd_core_cpu lays them.
 PCD_KERNEL void im2col_nd(const int n, const float* data_im, const int num_axes, const int* shape, float* data_col) {
-  const int* im_shape = shape;
-  const int* col_shape = im_shape + num_axes + 1;
-  const int* kernel = col_shape + num_axes + 1;
-  const int* pad = kernel + num_axes;
-  const int* stride = pad + num_axes;
-  const int* dilation = stride + num_axes;
+  const NdGeometry g = nd_geometry(shape, num_axes);
   CUDA_KERNEL_LOOP(index, n) {
-    int positions = 1, kernel_size = 1, im_size = im_shape[0];
+    int positions = 1, kernel_size = 1, im_size = g.im_shape[0];
     for (int d = 0; d < num_axes; ++d) {
-      positions *= col_shape[d + 1];
-      kernel_size *= kernel[d];
-      im_size *= im_shape[d + 1];
+      positions *= g.col_shape[d + 1];
+      kernel_size *= g.kernel[d];
+      im_size *= g.im_shape[d + 1];
     }
-    const int col_size = col_shape[0] * positions;
+    const int col_size = g.col_shape[0] * positions;
     const int image = index / col_size;
     const int row = (index % col_size) / positions;
     int position = index % positions, tap = row % kernel_size;
@@ -112,14 +123,14 @@ PCD_KERNEL void im2col_nd(const int n, const float* data_im, const int num_axes,
     bool padding = false;
     // last axis first: the position's and the tap's coordinate along axis d
     for (int d = num_axes - 1; d >= 0; --d) {
-      const int d_col = position % col_shape[d + 1];
-      const int d_k = tap % kernel[d];
-      position /= col_shape[d + 1];
-      tap /= kernel[d];
-      const int d_im = d_col * stride[d] - pad[d] + d_k * dilation[d];
-      padding = padding || d_im < 0 || d_im >= im_shape[d + 1];
+      const int d_col = position % g.col_shape[d + 1];
+      const int d_k = tap % g.kernel[d];
+      position /= g.col_shape[d + 1];
+      tap /= g.kernel[d];
+      const int d_im = d_col * g.stride[d] - g.pad[d] + d_k * g.dilation[d];
+      padding = padding || d_im < 0 || d_im >= g.im_shape[d + 1];
       im_index += (long long)d_im * stride_im;
-      stride_im *= im_shape[d + 1];
+      stride_im *= g.im_shape[d + 1];
     }
     const int channel = row / kernel_size;
     data_col[index] = padding ? 0.0f : data_im[(long long)image * im_size + (long long)channel * stride_im + im_index];
@@ -129,27 +140,22 @@ PCD_KERNEL void im2col_nd(const int n, const float* data_im, const int num_axes,
 // n = num * channels * prod(spatial) threads, one per image element: the sum over the kernel taps (ascending) of
 // the column entry that tap took from it, if any. Any dilation, zero included.
 PCD_KERNEL void col2im_nd(const int n, const float* data_col, const int num_axes, const int* shape, float* data_im) {
-  const int* im_shape = shape;
-  const int* col_shape = im_shape + num_axes + 1;
-  const int* kernel = col_shape + num_axes + 1;
-  const int* pad = kernel + num_axes;
-  const int* stride = pad + num_axes;
-  const int* dilation = stride + num_axes;
+  const NdGeometry g = nd_geometry(shape, num_axes);
   CUDA_KERNEL_LOOP(index, n) {
     int d_im[PCD_IM2COL_MAX_AXES];
     int positions = 1, kernel_size = 1, spatial = 1;
     for (int d = 0; d < num_axes; ++d) {
-      positions *= col_shape[d + 1];
-      kernel_size *= kernel[d];
-      spatial *= im_shape[d + 1];
+      positions *= g.col_shape[d + 1];
+      kernel_size *= g.kernel[d];
+      spatial *= g.im_shape[d + 1];
     }
-    const int channels = im_shape[0];
+    const int channels = g.im_shape[0];
     const int image = index / (channels * spatial);
     const int channel = (index / spatial) % channels;
     int rest = index % spatial;
     for (int d = num_axes - 1; d >= 0; --d) {
-      d_im[d] = rest % im_shape[d + 1] + pad[d];   // in padded coordinates
-      rest /= im_shape[d + 1];
+      d_im[d] = rest % g.im_shape[d + 1] + g.pad[d];   // in padded coordinates
+      rest /= g.im_shape[d + 1];
     }
     const float* col = data_col + ((long long)image * channels + channel) * kernel_size * positions;
     float val = 0;
@@ -158,12 +164,12 @@ PCD_KERNEL void col2im_nd(const int n, const float* data_col, const int num_axes
       int t = tap, position = 0, scale = 1;
       bool hit = true;
       for (int d = num_axes - 1; d >= 0 && hit; --d) {
-        const int d_k = t % kernel[d];
-        t /= kernel[d];
-        const int offset = d_im[d] - d_k * dilation[d];
-        hit = offset >= 0 && offset % stride[d] == 0 && offset / stride[d] < col_shape[d + 1];
-        position += (hit ? offset / stride[d] : 0) * scale;
-        scale *= col_shape[d + 1];
+        const int d_k = t % g.kernel[d];
+        t /= g.kernel[d];
+        const int offset = d_im[d] - d_k * g.dilation[d];
+        hit = offset >= 0 && offset % g.stride[d] == 0 && offset / g.stride[d] < g.col_shape[d + 1];
+        position += (hit ? offset / g.stride[d] : 0) * scale;
+        scale *= g.col_shape[d + 1];
       }
       if (hit) {
         val += col[(long long)tap * positions + position];
