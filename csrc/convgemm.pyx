@@ -15,8 +15,52 @@ group, the "output side" is (N, out_channels, P). One pass does any of:
     im_out = col2im(W^T yt)                  if im_out is given  (a convolution's backward; a deconvolution's forward)
 """
 from cython.parallel cimport prange, threadid
+from libc.stddef cimport ptrdiff_t
+from libc.stdlib cimport free, malloc
+import numpy as np
 include "im2col_core.pxi"
 include "blas_core.pxi"
+
+
+cdef extern from "sgemm.h" nogil:
+    ctypedef struct pcd_operand:
+        const float* base
+        const ptrdiff_t* row
+        const ptrdiff_t* col
+    ctypedef struct pcd_result:
+        float* base
+        const ptrdiff_t* row
+        const ptrdiff_t* col
+        const float* row_bias
+        int accumulate
+    enum: PCD_SGEMM, PCD_NR
+    size_t PCD_SGEMM_PACK_FLOATS
+    void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed, pcd_operand b, pcd_result c,
+                   float* pack)
+    size_t pcd_packed_a_floats(int m, int k)
+    void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst)
+
+
+cdef extern from *:
+    """
+    #include <stdio.h>
+    #include <stdlib.h>
+    /* This thread's buffer of at least `floats` floats (slot 0: sgemm.h's packing space, slot 1: padded
+       images), kept for the thread's life: a convolution calls the GEMM per chunk, and fresh megabytes per call
+       would cost their page faults every time. */
+    static float* pcd_thread_buffer(int slot, size_t floats) {
+        static __thread float* buffers[2];
+        static __thread size_t sizes[2];
+        if (sizes[slot] < floats) {
+            free(buffers[slot]);
+            buffers[slot] = (float*)malloc(floats * sizeof(float));
+            sizes[slot] = buffers[slot] ? floats : 0;
+            if (!buffers[slot]) { fprintf(stderr, "pycaffe_dist convgemm: out of memory\\n"); abort(); }
+        }
+        return buffers[slot];
+    }
+    """
+    float* pcd_thread_buffer(int slot, size_t floats) noexcept nogil
 
 
 cdef extern from *:
@@ -131,15 +175,211 @@ cdef void _fold(const real* col, real* im, real* padded, int channels, int heigh
         memset(padded, 0, padded_count * sizeof(real))
 
 
+# --- float32 2-D: the GEMMs read the images and outputs in place (sgemm.h) ------------------------------------
+
+def fused_available():
+    """Whether this build has sgemm.h's AVX2/FMA GEMM (else float32 convolutions take `run`'s BLAS path)."""
+    return bool(PCD_SGEMM)
+
+
+cdef inline pcd_operand _operand(const float* base, const ptrdiff_t* row, const ptrdiff_t* col) noexcept nogil:
+    cdef pcd_operand o
+    o.base = base
+    o.row = row
+    o.col = col
+    return o
+
+
+cdef inline pcd_result _result(float* base, const ptrdiff_t* row, const ptrdiff_t* col, const float* bias,
+                               int accumulate) noexcept nogil:
+    cdef pcd_result r
+    r.base = base
+    r.row = row
+    r.col = col
+    r.row_bias = bias
+    r.accumulate = accumulate
+    return r
+
+
+cdef void _pad_chunk(const float* im, float* padded, Py_ssize_t nb, int channels, int height, int width, int pad_h,
+                     int pad_w) noexcept nogil:
+    # nb images with their zero borders, every element written (the buffer is reused across geometries)
+    cdef int padded_h = height + 2 * pad_h, padded_w = width + 2 * pad_w, h
+    cdef Py_ssize_t plane, planes = nb * channels
+    for plane in range(planes):
+        memset(padded, 0, pad_h * padded_w * sizeof(float))
+        padded += pad_h * padded_w
+        for h in range(height):
+            memset(padded, 0, pad_w * sizeof(float))
+            memcpy(padded + pad_w, im, width * sizeof(float))
+            memset(padded + pad_w + width, 0, pad_w * sizeof(float))
+            padded += padded_w
+            im += width
+        memset(padded, 0, pad_h * padded_w * sizeof(float))
+        padded += pad_h * padded_w
+
+
+cdef struct Fused:
+    # The tables of one call: element (i, j) of an operand is base[row[i] + col[j]] (sgemm.h).
+    const ptrdiff_t* iota          # 0, 1, 2, ...
+    const ptrdiff_t* im_row        # im2col row r = (c, kh, kw): its offset in a (padded) image
+    const ptrdiff_t* im_col        # im2col column n = (image i of the chunk, output position): its offset
+    const ptrdiff_t* out_row       # output channel m: m * P
+    const ptrdiff_t* out_col       # column n: i * out_channels * P + position
+    const ptrdiff_t* w_row         # weight row m of a group: m * kg
+    const ptrdiff_t* col_row       # row r of the column buffer: r * chunk * P
+    const float* w_packed          # forward: each group's W, packed; backward: each group's W^T
+    Py_ssize_t w_packed_group, col_ld
+    int mg, kg, group, out_channels, positions
+
+
+cdef void _fused_columns(const Fused* f, const float* im, const float* y, const float* w, const float* bias,
+                         float* out, float* dw, float* col, Py_ssize_t n_lo, Py_ssize_t n_hi, Py_ssize_t r_lo,
+                         Py_ssize_t r_hi, float* pack) noexcept nogil:
+    # One chunk's GEMMs on its columns [n_lo, n_hi) (forward, dcol) and dW's columns [r_lo, r_hi) of each group:
+    # out = W col (+ bias) if out; dW += y col^T if dw; col buffer = W^T y if col (which _fold sums into the
+    # image diff: summing in the GEMM's stores instead was slower, its overlapping row stores stall). im: the
+    # chunk's (padded) images, y / out: its output-side arrays.
+    cdef int g, mg = f.mg, kg = f.kg
+    cdef Py_ssize_t out_group = <Py_ssize_t>mg * f.positions
+    for g in range(f.group):
+        if out != NULL and n_hi > n_lo:
+            pcd_sgemm(mg, <int>(n_hi - n_lo), kg, _operand(w, f.w_row, f.iota), f.w_packed + g * f.w_packed_group,
+                      _operand(im, f.im_row + g * kg, f.im_col + n_lo),
+                      _result(out + g * out_group, f.out_row, f.out_col + n_lo, bias + g * mg if bias else NULL, 0),
+                      pack)
+        if dw != NULL and r_hi > r_lo:
+            pcd_sgemm(mg, <int>(r_hi - r_lo), <int>(n_hi - n_lo),
+                      _operand(y + g * out_group, f.out_row, f.out_col + n_lo), NULL,
+                      _operand(im, f.im_col + n_lo, f.im_row + g * kg + r_lo),
+                      _result(dw + g * mg * kg, f.w_row, f.iota + r_lo, NULL, 1), pack)
+        if col != NULL and n_hi > n_lo:
+            pcd_sgemm(kg, <int>(n_hi - n_lo), mg, _operand(w, f.iota, f.w_row), f.w_packed + g * f.w_packed_group,
+                      _operand(y + g * out_group, f.out_row, f.out_col + n_lo),
+                      _result(col + g * kg * f.col_ld, f.col_row, f.iota + n_lo, NULL, 0), pack)
+
+
+cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] w, const float[::1] bias,
+                float[::1] out, float[::1] im_out, float[::1] dw_partials, float[::1] scratch, Py_ssize_t num,
+                int* c_im, int* c_col, int* k, int* p, int* s, int* dl, int group, int out_channels,
+                Py_ssize_t chunk, int threads, Py_ssize_t per_thread):
+    # run()'s passes for float32 2-D geometries, the GEMMs reading images and outputs in place (sgemm.h); only
+    # a convolution's backward still writes columns (W^T y), which _fold sums into the image diff.
+    cdef int channels = c_im[0], height = c_im[1], width = c_im[2], ph = p[0], pw = p[1]
+    cdef int padded_h = height + 2 * ph, padded_w = width + 2 * pw
+    cdef Py_ssize_t positions = <Py_ssize_t>c_col[1] * c_col[2], rows = <Py_ssize_t>c_col[0]
+    cdef Py_ssize_t im_count = <Py_ssize_t>channels * height * width, padded_count = <Py_ssize_t>channels * padded_h * padded_w
+    cdef Py_ssize_t out_count = out_channels * positions, ld = chunk * positions
+    cdef bint has_pad = ph or pw
+    cdef bint want_col = im_in.shape[0] > 0, want_dw = dw_partials.shape[0] > 0, want_out = out.shape[0] > 0
+    cdef bint want_im = im_out.shape[0] > 0
+    cdef Fused f
+    f.mg, f.kg, f.group, f.out_channels = out_channels // group, <int>(rows // group), group, out_channels
+    f.positions, f.col_ld = <int>positions, ld
+    # the tables (np.intp is ptrdiff_t here)
+    image_stride = padded_count if has_pad else im_count
+    taps = (np.arange(channels)[:, None, None] * (padded_h * padded_w)
+            + np.arange(k[0])[None, :, None] * (dl[0] * padded_w) + np.arange(k[1])[None, None, :] * dl[1])
+    places = (np.arange(c_col[1])[:, None] * (s[0] * padded_w) + np.arange(c_col[2])[None, :] * s[1]).reshape(-1)
+    cdef Py_ssize_t[::1] im_row = np.ascontiguousarray(taps.reshape(-1), dtype=np.intp)
+    cdef Py_ssize_t[::1] im_col = (np.arange(chunk)[:, None] * image_stride + places[None, :]).reshape(-1).astype(np.intp)
+    cdef Py_ssize_t[::1] out_col = (np.arange(chunk)[:, None] * out_count
+                                    + np.arange(positions)[None, :]).reshape(-1).astype(np.intp)
+    cdef Py_ssize_t[::1] out_row = np.arange(out_channels, dtype=np.intp) * positions
+    cdef Py_ssize_t[::1] w_row = np.arange(f.mg, dtype=np.intp) * f.kg
+    cdef Py_ssize_t[::1] col_row = np.arange(max(rows, 1), dtype=np.intp) * ld
+    cdef Py_ssize_t[::1] iota = np.arange(max(rows, ld, f.mg) + 1, dtype=np.intp)
+    f.iota, f.im_row, f.im_col = <ptrdiff_t*>&iota[0], <ptrdiff_t*>&im_row[0], <ptrdiff_t*>&im_col[0]
+    f.out_row, f.out_col, f.w_row = <ptrdiff_t*>&out_row[0], <ptrdiff_t*>&out_col[0], <ptrdiff_t*>&w_row[0]
+    f.col_row = <ptrdiff_t*>&col_row[0]
+    # W (forward) or W^T (backward's column pass), packed once for every chunk
+    cdef int g
+    cdef float[::1] packed = None
+    f.w_packed, f.w_packed_group = NULL, 0
+    if want_out or want_im:
+        f.w_packed_group = pcd_packed_a_floats(f.mg, f.kg) if want_out else pcd_packed_a_floats(f.kg, f.mg)
+        packed = np.empty(max(1, group * f.w_packed_group), np.float32)
+        for g in range(group):
+            if want_out:
+                pcd_pack_a_all(f.mg, f.kg, _operand(&w[0] + g * f.mg * f.kg, f.w_row, f.iota),
+                               &packed[0] + g * f.w_packed_group)
+            else:
+                pcd_pack_a_all(f.kg, f.mg, _operand(&w[0] + g * f.mg * f.kg, f.iota, f.w_row),
+                               &packed[0] + g * f.w_packed_group)
+        f.w_packed = &packed[0]
+    cdef const float* y = &y_in[0] if y_in.shape[0] > 0 else NULL
+    cdef const float* b = &bias[0] if bias.shape[0] > 0 else NULL
+    cdef float* o = &out[0] if want_out else NULL
+    cdef float* dwp = &dw_partials[0] if want_dw else NULL
+    cdef Py_ssize_t chunks = (num + chunk - 1) // chunk, ci, n0, nb, i, t, lo, hi, r_lo, r_hi
+    cdef int tid
+    cdef const float* im
+    cdef float* col
+    cdef float* fold_pad
+    if chunks > 1 or threads == 1:
+        # threads take whole chunks
+        for ci in prange(chunks, nogil=True, schedule="dynamic", num_threads=threads, use_threads_if=threads > 1):
+            tid = threadid()
+            n0 = ci * chunk
+            nb = min(chunk, num - n0)
+            col = &scratch[0] + tid * per_thread
+            fold_pad = col + (rows + out_channels) * ld
+            im = NULL
+            if want_col:
+                im = &im_in[0] + n0 * im_count
+                if has_pad:
+                    _pad_chunk(im, pcd_thread_buffer(1, nb * padded_count), nb, channels, height, width, ph, pw)
+                    im = pcd_thread_buffer(1, nb * padded_count)
+            _fused_columns(&f, im, y + n0 * out_count if y != NULL else NULL, &w[0], b,
+                           o + n0 * out_count if o != NULL else NULL, dwp + tid * w.shape[0] if dwp != NULL else NULL,
+                           col if want_im else NULL, 0, nb * positions, 0, f.kg, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+            if want_im:
+                for i in range(nb):
+                    _fold(col + i * positions, &im_out[0] + (n0 + i) * im_count, fold_pad, channels, height, width,
+                          ph, pw, k[0], k[1], s[0], s[1], dl[0], dl[1], c_col[1], c_col[2], ld)
+        return
+    # one chunk (a batch of one, or few large images): the threads split its GEMMs' columns (NR-aligned blocks);
+    # dW, whose columns are the weights', is split by those.
+    cdef float* padded_im = NULL
+    if want_col and has_pad:
+        padded_im = <float*>malloc(num * padded_count * sizeof(float))
+        if padded_im == NULL:
+            raise MemoryError()
+        _pad_chunk(&im_in[0], padded_im, num, channels, height, width, ph, pw)
+    im = padded_im if padded_im != NULL else (&im_in[0] if want_col else NULL)
+    col = &scratch[0]
+    cdef Py_ssize_t cols = num * positions
+    try:
+        for t in prange(threads, nogil=True, schedule="static", num_threads=threads):
+            lo = (cols * t // threads) // PCD_NR * PCD_NR
+            hi = cols if t == threads - 1 else (cols * (t + 1) // threads) // PCD_NR * PCD_NR
+            r_lo = (f.kg * t // threads) // PCD_NR * PCD_NR
+            r_hi = f.kg if t == threads - 1 else (f.kg * (t + 1) // threads) // PCD_NR * PCD_NR
+            if dwp != NULL:
+                _fused_columns(&f, im, y, &w[0], NULL, NULL, dwp, NULL, 0, cols, r_lo, r_hi,
+                               pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+            if o != NULL or want_im:
+                _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im else NULL, lo, hi, 0, 0,
+                               pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+    finally:
+        free(padded_im)
+    if want_im:
+        fold_pad = col + (rows + out_channels) * ld
+        for i in range(num):
+            _fold(col + i * positions, &im_out[0] + i * im_count, fold_pad, channels, height, width, ph, pw, k[0],
+                  k[1], s[0], s[1], dl[0], dl[1], c_col[1], c_col[2], ld)
+
+
 def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const real[::1] bias,
         real[::1] out, real[::1] im_out, real[::1] dw_partials, real[::1] scratch,
         Py_ssize_t num, im_shape, kernel, pad, stride, dilation, bint force_nd,
-        int group, int out_channels, Py_ssize_t chunk, int threads):
+        int group, int out_channels, Py_ssize_t chunk, int threads, bint fused=False):
     """One pass over `num` images in chunks of `chunk` (see the module docstring). Empty arrays mean "not given".
     scratch: threads * ((rows + out_channels) * chunk * P + padded image) values, the padded images' part zero;
     2-D geometries (unless force_nd) use the padded row copies above, others Caffe's N-d loops; dw_partials:
     min(threads, chunks) * w.size, a sum per thread at work, which the kernel adds to (the caller zeroes and sums
-    them, or passes dW itself where one thread works)."""
+    them, or passes dW itself where one thread works). fused: float32 2-D geometries multiply straight from the
+    images and outputs (sgemm.h; where fused_available())."""
     cdef int c_im[MAX_AXES]
     cdef int c_col[MAX_AXES]
     cdef int k[MAX_AXES]
@@ -174,6 +414,11 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
             for i in range(out.shape[0]):
                 out[i] = bias[(i // positions) % out_channels] if want_bias else 0
         return
+    if real is float:
+        if fused and rows2d and PCD_SGEMM:
+            _run_fused(im_in, y_in, w, bias, out, im_out, dw_partials, scratch, num, c_im, c_col, k, p, s, dl, group,
+                       out_channels, chunk, threads, per_thread)
+            return
     cdef int g, tid
     # One chunk (a batch of one, or few large images): the threads split its GEMMs instead.
     cdef int gemm_threads = threads if chunks == 1 else 1

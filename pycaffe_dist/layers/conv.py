@@ -331,6 +331,13 @@ class _BaseConvolution(Layer):
     def _images(self, array, channels):
         return array.reshape((self.num, channels) + array.shape[self.channel_axis + 1:])
 
+    def _ones(self, dtype):
+        n = count(self.output_spatial)
+        ones = getattr(self, "_ones_cache", None)
+        if ones is None or ones.shape[0] != n or ones.dtype != dtype:
+            ones = self._ones_cache = np.ones(n, dtype)
+        return ones
+
     def _bias(self):
         return self.blobs[1].data if self.bias_term else None
 
@@ -353,7 +360,10 @@ class _BaseConvolution(Layer):
         for i, (t, b) in enumerate(zip(top, bottom)):
             dy = self._images(t.diff, c_out)
             if want_b:
-                self.blobs[1].diff[...] += dy.reshape(self.num, c_out, count(self.output_spatial)).sum(axis=(0, 2))
+                # Caffe's per-image GEMV with a ones vector, the images then summed in order: one BLAS call,
+                # several times faster than numpy's sum over two axes
+                ones = self._ones(dy.dtype)
+                self.blobs[1].diff[...] += (dy.reshape(self.num, c_out, ones.shape[0]) @ ones).sum(axis=0)
             dx = self._images(b.diff, c_in) if propagate_down[i] else None
             if dw is None and dx is None:
                 continue

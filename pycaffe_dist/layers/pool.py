@@ -46,12 +46,16 @@ def pool_forward(pool, train, x, y, index, kernel, stride, pad):
         pooling.stochastic_forward_test(x, y, kernel, stride)
 
 
-def pool_backward(pool, train, x, dy, index, dx, kernel, stride, pad, accumulate=False):
-    """The input diff dx of pool_forward from the output diff dy; overwrites dx unless accumulate."""
+def pool_backward(pool, train, x, dy, index, dx, kernel, stride, pad, accumulate=False, index_in_windows=True):
+    """The input diff dx of pool_forward from the output diff dy; overwrites dx unless accumulate.
+    index_in_windows: `index` is what pool_forward wrote, every position in its own window (a mask top that the
+    user may have changed is not), which lets whole 2x2 windows take a faster kernel."""
     if pool == PP.AVE:
         pooling.ave_backward(dy, dx, kernel, stride, pad, accumulate)
     elif pool == PP.STOCHASTIC and not train:
         pooling.stochastic_test_backward(x, dy, dx, kernel, stride, accumulate)
+    elif pool == PP.MAX and index_in_windows:
+        pooling.mask_backward(dy, index, dx, accumulate, kernel, stride, pad)
     else:
         pooling.mask_backward(dy, index, dx, accumulate)
 
@@ -183,7 +187,7 @@ class PoolingLayer(Layer):
         # With a mask top, Caffe reads the positions back from it (static_cast to int).
         index = top[1].data.astype(np.int32) if len(top) > 1 else self.index
         pool_backward(self.param.pooling_param.pool, self.phase == caffe_pb2.TRAIN, bottom[0].data, top[0].diff,
-                      index, bottom[0].diff, self.kernel, self.stride, self.pad)
+                      index, bottom[0].diff, self.kernel, self.stride, self.pad, index_in_windows=len(top) == 1)
 
     def forward_gpu(self, bottom, top):
         dev, pool = device.current(), self.param.pooling_param.pool

@@ -74,6 +74,8 @@ GEOMETRIES = [   # kernel, stride, pad, input (num, channels, height, width)
     ((3, 3), (1, 1), (2, 2), (1, 3, 4, 5)),     # overlapping windows wholly in the padding on one side
     ((4, 3), (3, 2), (0, 1), (2, 5, 11, 8)),
     ((1, 1), (3, 3), (0, 0), (2, 2, 5, 5)),     # stride past the kernel: the last window starts off the image
+    ((2, 2), (2, 2), (0, 0), (2, 3, 8, 20)),    # whole 2x2 windows (float32's own kernel): 8 outputs and a tail
+    ((2, 2), (2, 2), (0, 0), (1, 4, 24, 24)),   # LeNet's pool1
 ]
 
 
@@ -137,6 +139,33 @@ def test_max_nan_and_lowest_values_choose_nothing():
         assert y.reshape(-1).tolist() == [-FLT_MAX, 2.0, -FLT_MAX]
         assert layer.index.reshape(-1).tolist() == [-1, 4, -1]
         assert dx.reshape(-1).tolist() == [0, 0, 0, 0, 1, 0]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_whole_2x2_windows_match_the_general_loops(accumulate):
+    # float32 2x2 stride-2 windows that tile the plane have their own kernels; ties (ReLU zeros), NaN, -inf and
+    # -FLT_MAX must choose what Caffe's loop chooses, and the backward must equal the scatter it replaces.
+    rng = np.random.default_rng(5)
+    x = rng.integers(-2, 3, (3, 5, 6, 26)).astype(np.float32)       # many ties
+    x.reshape(-1)[rng.choice(x.size, 60, replace=False)] = np.nan
+    x.reshape(-1)[rng.choice(x.size, 60, replace=False)] = -np.inf
+    x.reshape(-1)[rng.choice(x.size, 60, replace=False)] = -FLT_MAX
+    x[0, 0, :2, :2] = np.nan                                         # a window that chooses nothing
+    kernel, stride, pad = (2, 2), (2, 2), (0, 0)
+    y = np.empty((3, 5, 3, 13), np.float32)
+    mask = np.empty(y.shape, np.int32)
+    pooling.max_forward(x, y, mask, kernel, stride, pad)
+    want, positions = np.empty(y.shape, np.float64), np.empty(y.shape, np.int32)
+    pooling.max_forward(x.astype(np.float64), want, positions, kernel, stride, pad)   # float64: the general loop
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(mask, positions)
+    assert mask[0, 0, 0, 0] == -1
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    start = rng.standard_normal(x.shape).astype(np.float32)
+    fast, general = start.copy(), start.copy()
+    pooling.mask_backward(dy, mask, fast, accumulate, kernel, stride, pad)
+    pooling.mask_backward(dy, mask, general, accumulate)               # no geometry: the scatter loop
+    np.testing.assert_array_equal(fast, general)
 
 
 def test_caffe_forward_square_with_mask_top():

@@ -1,0 +1,63 @@
+"""float32 2-D convolutions through csrc/sgemm.h (the GEMMs read images and output diffs in place) against the
+float64 BLAS path with unrolled columns: forward with bias, weight gradient (accumulated), input gradient; over
+groups, stride, pad, dilation, rectangular kernels, maps whose size is no multiple of the 16-column tiles, several
+chunks and one chunk split over threads."""
+import numpy as np
+import pytest
+
+from pycaffe_dist import common
+from pycaffe_dist.backend import conv
+
+pytestmark = pytest.mark.skipif(not conv.use_sgemm, reason="this build has no AVX2/FMA GEMM (sgemm.h)")
+
+# (channels, height, width), kernel, pad, stride, dilation, group, out_channels
+GEOMETRIES = [
+    ((20, 12, 12), (5, 5), (0, 0), (1, 1), (1, 1), 1, 50),       # LeNet conv2: 8x8 maps, runs of 8
+    ((3, 13, 11), (3, 2), (1, 2), (2, 1), (1, 1), 1, 7),         # strided, padded, odd maps: gathered columns
+    ((4, 9, 10), (3, 3), (2, 1), (1, 1), (2, 2), 2, 6),          # groups and dilation
+    ((1, 28, 28), (5, 5), (0, 0), (1, 1), (1, 1), 1, 20),        # LeNet conv1: 24-wide rows
+    ((32, 8, 8), (1, 1), (0, 0), (1, 1), (1, 1), 4, 16),         # 1x1, 4 groups
+]
+
+
+@pytest.fixture
+def threads():
+    before = common.num_threads()
+    yield common.set_num_threads
+    common.set_num_threads(before)
+
+
+def _reference(engine, w, x, y, b):
+    """The BLAS path in float64 (conv.use_sgemm off)."""
+    conv.use_sgemm = False
+    try:
+        out = np.empty(y.shape)
+        engine.image_to_output(w.astype(np.float64), x.astype(np.float64), out=out, bias=b.astype(np.float64))
+        dw = np.ones(w.shape)
+        dx = np.empty(x.shape)
+        engine.output_to_image(w.astype(np.float64), y.astype(np.float64), ims_out=dx, dw=dw,
+                               ims_in=x.astype(np.float64))
+    finally:
+        conv.use_sgemm = True
+    return out, dw, dx
+
+
+@pytest.mark.parametrize("num", [1, 2, 37])
+@pytest.mark.parametrize("im_shape, kernel, pad, stride, dilation, group, out_channels", GEOMETRIES)
+def test_matches_the_blas_path(threads, num, im_shape, kernel, pad, stride, dilation, group, out_channels):
+    engine = conv.ConvEngine(im_shape, kernel, pad, stride, dilation, group, out_channels)
+    rng = np.random.default_rng(num + out_channels)
+    x = rng.standard_normal((num,) + im_shape).astype(np.float32)
+    w = rng.standard_normal((out_channels, im_shape[0] // group) + kernel).astype(np.float32)
+    b = rng.standard_normal(out_channels).astype(np.float32)
+    y = rng.standard_normal((num, out_channels) + engine.out_spatial).astype(np.float32)
+    want_out, want_dw, want_dx = _reference(engine, w, x, y, b)
+    for count in (1, 2):      # 1: chunks in turn; 2: chunks in parallel, or one chunk's columns split
+        threads(count)
+        out = np.empty(y.shape, np.float32)
+        engine.image_to_output(w, x, out=out, bias=b)
+        dw = np.ones(w.shape, np.float32)                    # the weight gradient accumulates
+        dx = np.full(x.shape, np.nan, np.float32)            # the input gradient is overwritten
+        engine.output_to_image(w, y, ims_out=dx, dw=dw, ims_in=x)
+        for got, want in ((out, want_out), (dw, want_dw), (dx, want_dx)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * (np.abs(want).max() + 1))
