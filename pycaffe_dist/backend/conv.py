@@ -19,8 +19,16 @@ from ..net.blob import count as _count
 
 COL_CHUNK_BYTES = 512 << 10   # column buffer per chunk: about L2-sized, so the GEMM reads what im2col wrote from L2
 # float32 2-D convolutions multiply straight from the images (csrc/sgemm.h) where the build has AVX2 and FMA;
-# False sends them through BLAS and unrolled columns too (the tests compare the two).
-use_sgemm = blas.kernel("convgemm").fused_available()
+# False sends them through BLAS and unrolled columns too (the tests compare the two). None: decided at the first
+# convolution (loading the kernel imports scipy, which `import pycaffe_dist` must not).
+use_sgemm = None
+
+
+def sgemm_enabled():
+    global use_sgemm
+    if use_sgemm is None:
+        use_sgemm = bool(blas.kernel("convgemm").fused_available())
+    return use_sgemm
 
 
 def _flat(array, dtype, writable=False):
@@ -73,7 +81,7 @@ class ConvEngine:
         blas.kernel("convgemm").run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
                                     _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, num,
                                     *self.geometry, self.force_nd, self.group, self.out_channels, chunk, threads,
-                                    use_sgemm)
+                                    sgemm_enabled())
         if dw is not None and not direct:
             dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
 

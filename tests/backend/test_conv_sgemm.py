@@ -8,7 +8,7 @@ import pytest
 from pycaffe_dist import common
 from pycaffe_dist.backend import conv
 
-pytestmark = pytest.mark.skipif(not conv.use_sgemm, reason="this build has no AVX2/FMA GEMM (sgemm.h)")
+pytestmark = pytest.mark.skipif(not conv.sgemm_enabled(), reason="this build has no AVX2/FMA GEMM (sgemm.h)")
 
 # (channels, height, width), kernel, pad, stride, dilation, group, out_channels
 GEOMETRIES = [
