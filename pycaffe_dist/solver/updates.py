@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from .._kernels import updates as _fused
 from ..errors import SolverError
 from . import lr_policy
 
@@ -186,11 +187,22 @@ def compute_steps(param, datas, diffs, lr_mults, decay_mults, history, iteration
     Returns a dict: rate (float32), current_step, clip_norm and clip_scale (None when not clipped)."""
     rate, current_step = lr_policy.learning_rate(param, iteration, current_step, source)
     norm, scale = clip_gradients(diffs, param.clip_gradients)
+    sgd_l2 = param.type == "SGD" and param.regularization_type == "L2"
     for i, (data, diff) in enumerate(zip(datas, diffs)):
         normalize(diff, param.iter_size)
+        if sgd_l2 and _float32_flat(data, diff, history[i]):
+            # the common case in one pass (csrc/updates.pyx): regularize and sgd below, to the same bits
+            _fused.sgd_step(data.reshape(-1), diff.reshape(-1), history[i].reshape(-1),
+                            f32(param.weight_decay) * f32(decay_mults[i]), rate * f32(lr_mults[i]),
+                            f32(param.momentum))
+            continue
         regularize(data, diff, param.weight_decay, decay_mults[i], param.regularization_type, source)
         compute_update_value(param, diff, history, i, len(diffs), rate * f32(lr_mults[i]), iteration)
     return {"rate": rate, "current_step": current_step, "clip_norm": norm, "clip_scale": scale}
+
+
+def _float32_flat(*arrays):
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
 
 def apply_steps(datas, diffs):

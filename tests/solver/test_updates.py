@@ -133,6 +133,25 @@ def test_compute_steps_order_clip_normalize_regularize_then_rule():
     np.testing.assert_allclose(w[1], [2.0 - 0.2 * 0.4], rtol=1e-6)
 
 
+@pytest.mark.parametrize("weight_decay, decay_mult", [(0.0005, 1.0), (0.01, 0.0), (0.0, 1.0)])
+def test_sgd_in_one_pass_gives_the_numpy_functions_bits(weight_decay, decay_mult):
+    # compute_steps runs SGD with L2 through csrc/updates.pyx; regularize then sgd are the reference. Values
+    # spread over magnitudes and a history of momentum, so that any change of operation order shows in the bits.
+    p = solver_param(type="SGD", momentum=0.9, weight_decay=weight_decay)
+    w, g, h = (RNG.standard_normal(1001).astype(np.float32) * np.float32(10) ** RNG.integers(-4, 4, 1001)
+               for _ in range(3))
+    w[:3] = [np.inf, np.nan, 0.0]                  # 0 * inf is NaN: a decay of 0 must not touch the gradient
+    history = [h.copy()]
+    steps = [g.copy()]
+    updates.compute_steps(p, [w], steps, [2.0], [decay_mult], history, iteration=7)
+    rate = np.float32(p.base_lr) * np.float32(2.0)
+    want_g, want_h = g.copy(), h.copy()
+    updates.regularize(w, want_g, weight_decay, decay_mult)
+    updates.sgd(want_g, want_h, rate, 0.9)
+    np.testing.assert_array_equal(steps[0], want_g)
+    np.testing.assert_array_equal(history[0], want_h)
+
+
 def test_history_layout_is_caffes():
     shapes = [(2, 3), (3,)]
     for kind, sets in (("SGD", 1), ("AdaGrad", 1), ("AdaDelta", 2), ("Adam", 2)):
