@@ -46,11 +46,11 @@ cdef extern from *:
     #include <stdio.h>
     #include <stdlib.h>
     /* This thread's buffer of at least `floats` floats (slot 0: sgemm.h's packing space, slot 1: padded
-       images), kept for the thread's life: a convolution calls the GEMM per chunk, and fresh megabytes per call
+       images, slot 2: padded output diffs), kept for the thread's life: a convolution calls the GEMM per chunk, and fresh megabytes per call
        would cost their page faults every time. */
     static float* pcd_thread_buffer(int slot, size_t floats) {
-        static __thread float* buffers[2];
-        static __thread size_t sizes[2];
+        static __thread float* buffers[3];
+        static __thread size_t sizes[3];
         if (sizes[slot] < floats) {
             free(buffers[slot]);
             buffers[slot] = (float*)malloc(floats * sizeof(float));
@@ -228,9 +228,32 @@ cdef struct Fused:
     const ptrdiff_t* out_col       # column n: i * out_channels * P + position
     const ptrdiff_t* w_row         # weight row m of a group: m * kg
     const ptrdiff_t* col_row       # row r of the column buffer: r * chunk * P
-    const float* w_packed          # forward: each group's W, packed; backward: each group's W^T
+    const float* w_packed          # forward: each group's W, packed; backward: each group's W^T (or flipped W)
     Py_ssize_t w_packed_group, col_ld
     int mg, kg, group, out_channels, positions
+    # the input diff as a correlation of the padded output diff with the flipped kernel (_dx_direct)
+    const ptrdiff_t* dy_row        # row (o, kh, kw): o * Hq * Wq + kh * Wq + kw in the padded output diff
+    const ptrdiff_t* dy_col        # column n = (image i, h, w): i * out_channels * Hq * Wq + h * Wq + w
+    const ptrdiff_t* dx_row        # input channel c of a group: c * H * W
+    const ptrdiff_t* dx_col        # column n: i * C * H * W + h * W + w
+    int cg, taps                   # input channels per group, kernel taps
+    Py_ssize_t dx_group            # cg * H * W
+
+
+cdef void _dx_direct(const Fused* f, const float* dy_padded, float* dx, Py_ssize_t n_lo, Py_ssize_t n_hi,
+                     float* pack) noexcept nogil:
+    # dX[c, h, w] = sum over o, kh, kw of dy_padded[o, h + kh, w + kw] W[o, c, K - 1 - kh, K - 1 - kw] for one
+    # chunk's input columns [n_lo, n_hi): a stride-1 convolution's input diff with no columns and no col2im
+    # (dx: the chunk's input diffs, overwritten; dy_padded: its output diffs with a K - 1 - pad border)
+    cdef int g
+    if n_hi <= n_lo:
+        return
+    for g in range(f.group):
+        pcd_sgemm(f.cg, <int>(n_hi - n_lo), f.mg * f.taps, _operand(NULL, NULL, NULL),
+                  f.w_packed + g * f.w_packed_group,
+                  _operand(dy_padded, f.dy_row + g * f.mg * f.taps, f.dy_col + n_lo),
+                  _result(dx + g * f.dx_group, f.dx_row, f.dx_col + n_lo, NULL, 0), pack)
+
 
 
 cdef void _fused_columns(const Fused* f, const float* im, const float* y, const float* w, const float* bias,
@@ -292,17 +315,52 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     f.iota, f.im_row, f.im_col = <ptrdiff_t*>&iota[0], <ptrdiff_t*>&im_row[0], <ptrdiff_t*>&im_col[0]
     f.out_row, f.out_col, f.w_row = <ptrdiff_t*>&out_row[0], <ptrdiff_t*>&out_col[0], <ptrdiff_t*>&w_row[0]
     f.col_row = <ptrdiff_t*>&col_row[0]
-    # W (forward) or W^T (backward's column pass), packed once for every chunk
+    # The input diff of a stride-1 convolution can also be computed as a correlation of the output diff, padded
+    # by K - 1 - pad, with the flipped kernel: no columns to fold, but its GEMM has the input channels of a group
+    # as rows and the input positions as columns. Taken where its multiplies, tile rows rounded up to 6, are no
+    # more than W^T y's with the fold counted as 30 % more: "same" convolutions with a few input channels or
+    # more (CIFAR-10 quick's conv2 and conv3); not LeNet's unpadded ones (2.25 times more input positions) or
+    # a 3-channel first layer.
+    cdef int qh = k[0] - 1 - ph, qw = k[1] - 1 - pw, oh = c_col[1], ow = c_col[2]
+    cdef int q_height = oh + 2 * qh, q_width = ow + 2 * qw
+    cdef int cg = channels // group, mg = out_channels // group, kg = <int>(rows // group)
+    cdef double direct_cost = <double>((cg + 5) // 6 * 6) * mg * k[0] * k[1] * height * width
+    cdef double columns_cost = 1.3 * ((kg + 5) // 6 * 6) * mg * positions
+    cdef bint direct_dx = want_im and s[0] == 1 and s[1] == 1 and dl[0] == 1 and dl[1] == 1 and qh >= 0 and \
+        qw >= 0 and direct_cost <= columns_cost
+    cdef Py_ssize_t dy_count = <Py_ssize_t>out_channels * q_height * q_width, in_positions = <Py_ssize_t>height * width
+    cdef bint dy_pad = qh > 0 or qw > 0
+    cdef Py_ssize_t[::1] dy_row, dy_col, dx_row, dx_col, flip_row, flip_col
+    f.cg, f.taps = channels // group, k[0] * k[1]
+    f.dx_group = <Py_ssize_t>f.cg * in_positions
+    if direct_dx:
+        dy_row = (np.arange(out_channels)[:, None, None] * (q_height * q_width) + np.arange(k[0])[None, :, None]
+                  * q_width + np.arange(k[1])[None, None, :]).reshape(-1).astype(np.intp)
+        dy_col = (np.arange(chunk)[:, None, None] * dy_count + np.arange(height)[None, :, None] * q_width
+                  + np.arange(width)[None, None, :]).reshape(-1).astype(np.intp)
+        dx_row = np.arange(max(f.cg, 1), dtype=np.intp) * in_positions
+        dx_col = (np.arange(chunk)[:, None] * im_count + np.arange(in_positions)[None, :]).reshape(-1).astype(np.intp)
+        # flipped W of a group as A (cg x mg * taps): element (c, (o, kh, kw)) = W[o, c, K-1-kh, K-1-kw]
+        flip_row = np.arange(max(f.cg, 1), dtype=np.intp) * f.taps
+        flip_col = (np.arange(f.mg)[:, None, None] * f.kg + (k[0] - 1 - np.arange(k[0]))[None, :, None] * k[1]
+                    + (k[1] - 1 - np.arange(k[1]))[None, None, :]).reshape(-1).astype(np.intp)
+        f.dy_row, f.dy_col = <ptrdiff_t*>&dy_row[0], <ptrdiff_t*>&dy_col[0]
+        f.dx_row, f.dx_col = <ptrdiff_t*>&dx_row[0], <ptrdiff_t*>&dx_col[0]
+    # W (forward), W^T (backward's column pass) or the flipped W (direct_dx), packed once for every chunk
     cdef int g
     cdef float[::1] packed = None
     f.w_packed, f.w_packed_group = NULL, 0
     if want_out or want_im:
-        f.w_packed_group = pcd_packed_a_floats(f.mg, f.kg) if want_out else pcd_packed_a_floats(f.kg, f.mg)
+        f.w_packed_group = pcd_packed_a_floats(f.mg, f.kg) if want_out else (
+            pcd_packed_a_floats(f.cg, f.mg * f.taps) if direct_dx else pcd_packed_a_floats(f.kg, f.mg))
         packed = np.empty(max(1, group * f.w_packed_group), np.float32)
         for g in range(group):
             if want_out:
                 pcd_pack_a_all(f.mg, f.kg, _operand(&w[0] + g * f.mg * f.kg, f.w_row, f.iota),
                                &packed[0] + g * f.w_packed_group)
+            elif direct_dx:
+                pcd_pack_a_all(f.cg, f.mg * f.taps, _operand(&w[0] + g * f.mg * f.kg, <ptrdiff_t*>&flip_row[0],
+                               <ptrdiff_t*>&flip_col[0]), &packed[0] + g * f.w_packed_group)
             else:
                 pcd_pack_a_all(f.kg, f.mg, _operand(&w[0] + g * f.mg * f.kg, f.iota, f.w_row),
                                &packed[0] + g * f.w_packed_group)
@@ -314,6 +372,7 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     cdef Py_ssize_t chunks = (num + chunk - 1) // chunk, ci, n0, nb, i, t, lo, hi, r_lo, r_hi
     cdef int tid
     cdef const float* im
+    cdef const float* dyp
     cdef float* col
     cdef float* fold_pad
     if chunks > 1 or threads == 1:
@@ -332,8 +391,16 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                     im = pcd_thread_buffer(1, nb * padded_count)
             _fused_columns(&f, im, y + n0 * out_count if y != NULL else NULL, &w[0], b,
                            o + n0 * out_count if o != NULL else NULL, dwp + tid * w.shape[0] if dwp != NULL else NULL,
-                           col if want_im else NULL, 0, nb * positions, 0, f.kg, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
-            if want_im:
+                           col if want_im and not direct_dx else NULL, 0, nb * positions, 0, f.kg,
+                           pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+            if direct_dx:
+                dyp = y + n0 * out_count
+                if dy_pad:
+                    _pad_chunk(dyp, pcd_thread_buffer(2, nb * dy_count), nb, out_channels, oh, ow, qh, qw)
+                    dyp = pcd_thread_buffer(2, nb * dy_count)
+                _dx_direct(&f, dyp, &im_out[0] + n0 * im_count, 0, nb * in_positions,
+                           pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+            elif want_im:
                 for i in range(nb):
                     _fold(col + i * positions, &im_out[0] + (n0 + i) * im_count, fold_pad, channels, height, width,
                           ph, pw, k[0], k[1], s[0], s[1], dl[0], dl[1], c_col[1], c_col[2], ld)
@@ -341,11 +408,20 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     # one chunk (a batch of one, or few large images): the threads split its GEMMs' columns (NR-aligned blocks);
     # dW, whose columns are the weights', is split by those.
     cdef float* padded_im = NULL
+    cdef float* padded_dy = NULL
     if want_col and has_pad:
         padded_im = <float*>malloc(num * padded_count * sizeof(float))
         if padded_im == NULL:
             raise MemoryError()
         _pad_chunk(&im_in[0], padded_im, num, channels, height, width, ph, pw)
+    if direct_dx and dy_pad:
+        padded_dy = <float*>malloc(num * dy_count * sizeof(float))
+        if padded_dy == NULL:
+            free(padded_im)
+            raise MemoryError()
+        _pad_chunk(y, padded_dy, num, out_channels, oh, ow, qh, qw)
+    dyp = padded_dy if padded_dy != NULL else y
+    cdef Py_ssize_t in_cols = num * in_positions
     im = padded_im if padded_im != NULL else (&im_in[0] if want_col else NULL)
     col = &scratch[0]
     cdef Py_ssize_t cols = num * positions
@@ -358,12 +434,17 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
             if dwp != NULL:
                 _fused_columns(&f, im, y, &w[0], NULL, NULL, dwp, NULL, 0, cols, r_lo, r_hi,
                                pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
-            if o != NULL or want_im:
+            if o != NULL or (want_im and not direct_dx):
                 _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im else NULL, lo, hi, 0, 0,
                                pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+            if direct_dx:
+                _dx_direct(&f, dyp, &im_out[0], (in_cols * t // threads) // PCD_NR * PCD_NR,
+                           in_cols if t == threads - 1 else (in_cols * (t + 1) // threads) // PCD_NR * PCD_NR,
+                           pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
     finally:
         free(padded_im)
-    if want_im:
+        free(padded_dy)
+    if want_im and not direct_dx:
         fold_pad = col + (rows + out_channels) * ld
         for i in range(num):
             _fold(col + i * positions, &im_out[0] + i * im_count, fold_pad, channels, height, width, ph, pw, k[0],

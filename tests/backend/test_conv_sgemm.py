@@ -1,7 +1,7 @@
 """float32 2-D convolutions through csrc/sgemm.h (the GEMMs read images and output diffs in place) against the
 float64 BLAS path with unrolled columns: forward with bias, weight gradient (accumulated), input gradient; over
 groups, stride, pad, dilation, rectangular kernels, maps whose size is no multiple of the 16-column tiles, several
-chunks and one chunk split over threads."""
+chunks and one chunk split over threads, the input diff by col2im or (same-size maps) by correlation."""
 import numpy as np
 import pytest
 
@@ -16,7 +16,10 @@ GEOMETRIES = [
     ((3, 13, 11), (3, 2), (1, 2), (2, 1), (1, 1), 1, 7),         # strided, padded, odd maps: gathered columns
     ((4, 9, 10), (3, 3), (2, 1), (1, 1), (2, 2), 2, 6),          # groups and dilation
     ((1, 28, 28), (5, 5), (0, 0), (1, 1), (1, 1), 1, 20),        # LeNet conv1: 24-wide rows
-    ((32, 8, 8), (1, 1), (0, 0), (1, 1), (1, 1), 4, 16),         # 1x1, 4 groups
+    ((32, 8, 8), (1, 1), (0, 0), (1, 1), (1, 1), 4, 16),         # 1x1, 4 groups (input diff: direct, no pad)
+    # "same" convolutions: the input diff correlates the padded output diff with the flipped kernel
+    ((32, 16, 16), (5, 5), (2, 2), (1, 1), (1, 1), 1, 32),       # CIFAR-10 quick conv2
+    ((24, 10, 9), (5, 3), (2, 1), (1, 1), (1, 1), 2, 6),         # rectangular, odd widths, groups
 ]
 
 
