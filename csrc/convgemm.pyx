@@ -46,8 +46,8 @@ cdef extern from *:
     #include <stdio.h>
     #include <stdlib.h>
     /* This thread's buffer of at least `floats` floats (slot 0: sgemm.h's packing space, slot 1: padded
-       images, slot 2: padded output diffs), kept for the thread's life: a convolution calls the GEMM per chunk, and fresh megabytes per call
-       would cost their page faults every time. */
+       images, slot 2: padded output diffs), kept for the thread's life: a convolution calls the GEMM per chunk,
+       and fresh megabytes per call would cost their page faults every time. */
     static float* pcd_thread_buffer(int slot, size_t floats) {
         static __thread float* buffers[3];
         static __thread size_t sizes[3];
@@ -255,7 +255,6 @@ cdef void _dx_direct(const Fused* f, const float* dy_padded, float* dx, Py_ssize
                   _result(dx + g * f.dx_group, f.dx_row, f.dx_col + n_lo, NULL, 0), pack)
 
 
-
 cdef void _fused_columns(const Fused* f, const float* im, const float* y, const float* w, const float* bias,
                          float* out, float* dw, float* col, Py_ssize_t n_lo, Py_ssize_t n_hi, Py_ssize_t r_lo,
                          Py_ssize_t r_hi, float* pack) noexcept nogil:
@@ -286,12 +285,14 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                 float[::1] out, float[::1] im_out, float[::1] dw_partials, float[::1] scratch, Py_ssize_t num,
                 int* c_im, int* c_col, int* k, int* p, int* s, int* dl, int group, int out_channels,
                 Py_ssize_t chunk, int threads, Py_ssize_t per_thread):
-    # run()'s passes for float32 2-D geometries, the GEMMs reading images and outputs in place (sgemm.h); only
-    # a convolution's backward still writes columns (W^T y), which _fold sums into the image diff.
+    # run()'s passes for float32 2-D geometries, the GEMMs reading images and outputs in place (sgemm.h); the
+    # input diff either correlates the output diff with the flipped kernel (direct_dx below) or writes columns
+    # (W^T y) that _fold sums into the image diff.
     cdef int channels = c_im[0], height = c_im[1], width = c_im[2], ph = p[0], pw = p[1]
     cdef int padded_h = height + 2 * ph, padded_w = width + 2 * pw
     cdef Py_ssize_t positions = <Py_ssize_t>c_col[1] * c_col[2], rows = <Py_ssize_t>c_col[0]
-    cdef Py_ssize_t im_count = <Py_ssize_t>channels * height * width, padded_count = <Py_ssize_t>channels * padded_h * padded_w
+    cdef Py_ssize_t im_count = <Py_ssize_t>channels * height * width
+    cdef Py_ssize_t padded_count = <Py_ssize_t>channels * padded_h * padded_w
     cdef Py_ssize_t out_count = out_channels * positions, ld = chunk * positions
     cdef bint has_pad = ph or pw
     cdef bint want_col = im_in.shape[0] > 0, want_dw = dw_partials.shape[0] > 0, want_out = out.shape[0] > 0
@@ -305,7 +306,8 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
             + np.arange(k[0])[None, :, None] * (dl[0] * padded_w) + np.arange(k[1])[None, None, :] * dl[1])
     places = (np.arange(c_col[1])[:, None] * (s[0] * padded_w) + np.arange(c_col[2])[None, :] * s[1]).reshape(-1)
     cdef Py_ssize_t[::1] im_row = np.ascontiguousarray(taps.reshape(-1), dtype=np.intp)
-    cdef Py_ssize_t[::1] im_col = (np.arange(chunk)[:, None] * image_stride + places[None, :]).reshape(-1).astype(np.intp)
+    cdef Py_ssize_t[::1] im_col = (np.arange(chunk)[:, None] * image_stride
+                                   + places[None, :]).reshape(-1).astype(np.intp)
     cdef Py_ssize_t[::1] out_col = (np.arange(chunk)[:, None] * out_count
                                     + np.arange(positions)[None, :]).reshape(-1).astype(np.intp)
     cdef Py_ssize_t[::1] out_row = np.arange(out_channels, dtype=np.intp) * positions
@@ -323,15 +325,14 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     # a 3-channel first layer.
     cdef int qh = k[0] - 1 - ph, qw = k[1] - 1 - pw, oh = c_col[1], ow = c_col[2]
     cdef int q_height = oh + 2 * qh, q_width = ow + 2 * qw
-    cdef int cg = channels // group, mg = out_channels // group, kg = <int>(rows // group)
-    cdef double direct_cost = <double>((cg + 5) // 6 * 6) * mg * k[0] * k[1] * height * width
-    cdef double columns_cost = 1.3 * ((kg + 5) // 6 * 6) * mg * positions
+    f.cg, f.taps = channels // group, k[0] * k[1]
+    cdef double direct_cost = <double>((f.cg + 5) // 6 * 6) * f.mg * f.taps * height * width
+    cdef double columns_cost = 1.3 * ((f.kg + 5) // 6 * 6) * f.mg * positions
     cdef bint direct_dx = want_im and s[0] == 1 and s[1] == 1 and dl[0] == 1 and dl[1] == 1 and qh >= 0 and \
         qw >= 0 and direct_cost <= columns_cost
     cdef Py_ssize_t dy_count = <Py_ssize_t>out_channels * q_height * q_width, in_positions = <Py_ssize_t>height * width
     cdef bint dy_pad = qh > 0 or qw > 0
     cdef Py_ssize_t[::1] dy_row, dy_col, dx_row, dx_col, flip_row, flip_col
-    f.cg, f.taps = channels // group, k[0] * k[1]
     f.dx_group = <Py_ssize_t>f.cg * in_positions
     if direct_dx:
         dy_row = (np.arange(out_channels)[:, None, None] * (q_height * q_width) + np.arange(k[0])[None, :, None]
@@ -435,8 +436,8 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                 _fused_columns(&f, im, y, &w[0], NULL, NULL, dwp, NULL, 0, cols, r_lo, r_hi,
                                pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if o != NULL or (want_im and not direct_dx):
-                _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im else NULL, lo, hi, 0, 0,
-                               pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+                _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im and not direct_dx else NULL, lo, hi,
+                               0, 0, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if direct_dx:
                 _dx_direct(&f, dyp, &im_out[0], (in_cols * t // threads) // PCD_NR * PCD_NR,
                            in_cols if t == threads - 1 else (in_cols * (t + 1) // threads) // PCD_NR * PCD_NR,

@@ -77,7 +77,7 @@ cdef extern from *:
     #define PCD_MAX2X2(vec_f, vec_fu, vec_i, vec_iu, n, EVEN, ODD) do {                                          \
             pcd_f8 a0 = *(const pcd_f8u*)(a + 2 * pw), b0 = *(const pcd_f8u*)(b + 2 * pw), a1 = a0, b1 = b0;    \
             if (n == 8) { a1 = *(const pcd_f8u*)(a + 2 * pw + 8); b1 = *(const pcd_f8u*)(b + 2 * pw + 8); }     \
-            vec_i at = (vec_i){EVEN} + first + 2 * pw;     /* EVEN: also the even offsets */                            \
+            vec_i at = (vec_i){EVEN} + first + 2 * pw;     /* EVEN: also the even offsets */                       \
             vec_f best = (vec_f){} - FLT_MAX;                                                                   \
             vec_i arg = (vec_i){} - 1;                                                                          \
             PCD_TAKE(vec_f, vec_i, __builtin_shufflevector(a0, a1, EVEN), at);                                  \

@@ -4,7 +4,8 @@
 
    The blocking is BLIS's (Goto's): C is computed in MR x NR tiles by a register-blocked AVX2/FMA micro-kernel
    from packed slivers of A (MR rows) and B (NR columns), KC deep; the packing reads through the tables, with
-   whole-vector copies where NR (or NR / 2) consecutive columns of B are consecutive in memory.
+   whole-vector copies where NR (or NR / 2) consecutive columns of B are consecutive in memory, and 8 x 8
+   transposes where 8 consecutive rows are (a transposed operand, such as the columns of dW = y col^T).
 
    Only built where the compiler targets AVX2 and FMA (PCD_SGEMM is then 1); elsewhere callers use BLAS. */
 #ifndef PCD_SGEMM_H
@@ -70,10 +71,14 @@ static inline void pcd_transpose8(__m256* v) {
     __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
     __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
     __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
     v[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
     v[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
     v[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
