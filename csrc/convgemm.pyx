@@ -104,18 +104,31 @@ cdef inline void _add_run(real* dst, const real* src, int n) noexcept nogil:
         pcd_add_run_d(dst, src, n)
 
 
+cdef void _pad_chunk(const real* im, real* padded, Py_ssize_t nb, int channels, int height, int width, int pad_h,
+                     int pad_w) noexcept nogil:
+    # nb images with their zero borders, every element written (so a buffer shared by geometries needs no care)
+    cdef int padded_h = height + 2 * pad_h, padded_w = width + 2 * pad_w, h
+    cdef Py_ssize_t plane, planes = nb * channels
+    for plane in range(planes):
+        memset(padded, 0, pad_h * padded_w * sizeof(real))
+        padded += pad_h * padded_w
+        for h in range(height):
+            memset(padded, 0, pad_w * sizeof(real))
+            memcpy(padded + pad_w, im, width * sizeof(real))
+            memset(padded + pad_w + width, 0, pad_w * sizeof(real))
+            padded += padded_w
+            im += width
+        memset(padded, 0, pad_h * padded_w * sizeof(real))
+        padded += pad_h * padded_w
+
+
 cdef const real* _padded(const real* im, real* padded, int channels, int height, int width, int pad_h,
                          int pad_w) noexcept nogil:
-    # The image with its zero border, so that the row copies below need no bounds tests. The border of `padded`
-    # is zero from the start and never written here (_fold leaves the buffer zero again).
-    cdef Py_ssize_t c, h
-    cdef int padded_h = height + 2 * pad_h, padded_w = width + 2 * pad_w
+    # The image with its zero border, so that the row copies below need no bounds tests (the image itself
+    # where there is no pad).
     if not pad_h and not pad_w:
         return im
-    for c in range(channels):
-        for h in range(height):
-            memcpy(padded + (c * padded_h + h + pad_h) * padded_w + pad_w, im + (c * height + h) * width,
-                   width * sizeof(real))
+    _pad_chunk(im, padded, 1, channels, height, width, pad_h, pad_w)
     return padded
 
 
@@ -145,8 +158,7 @@ cdef void _fold(const real* col, real* im, real* padded, int channels, int heigh
                 int kernel_h, int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
                 int output_h, int output_w, Py_ssize_t ld) noexcept nogil:
     # col2im of one 2-D image: sums into the padded buffer (or straight into the image when there is no pad),
-    # then copies the interior out. The buffer may hold an image unrolled in this pass: it is cleared before,
-    # and after, since _padded expects zero borders.
+    # then copies the interior out. The buffer may hold an image unrolled in this pass: it is cleared first.
     cdef int padded_h = height + 2 * pad_h, padded_w = width + 2 * pad_w
     cdef Py_ssize_t c, h, kh, kw, oh, ow, padded_count = <Py_ssize_t>channels * padded_h * padded_w
     cdef bint has_pad = pad_h or pad_w
@@ -172,7 +184,6 @@ cdef void _fold(const real* col, real* im, real* padded, int channels, int heigh
             for h in range(height):
                 memcpy(im + (c * height + h) * width, padded + (c * padded_h + h + pad_h) * padded_w + pad_w,
                        width * sizeof(real))
-        memset(padded, 0, padded_count * sizeof(real))
 
 
 # --- float32 2-D: the GEMMs read the images and outputs in place (sgemm.h) ------------------------------------
@@ -199,24 +210,6 @@ cdef inline pcd_result _result(float* base, const ptrdiff_t* row, const ptrdiff_
     r.row_bias = bias
     r.accumulate = accumulate
     return r
-
-
-cdef void _pad_chunk(const float* im, float* padded, Py_ssize_t nb, int channels, int height, int width, int pad_h,
-                     int pad_w) noexcept nogil:
-    # nb images with their zero borders, every element written (the buffer is reused across geometries)
-    cdef int padded_h = height + 2 * pad_h, padded_w = width + 2 * pad_w, h
-    cdef Py_ssize_t plane, planes = nb * channels
-    for plane in range(planes):
-        memset(padded, 0, pad_h * padded_w * sizeof(float))
-        padded += pad_h * padded_w
-        for h in range(height):
-            memset(padded, 0, pad_w * sizeof(float))
-            memcpy(padded + pad_w, im, width * sizeof(float))
-            memset(padded + pad_w + width, 0, pad_w * sizeof(float))
-            padded += padded_w
-            im += width
-        memset(padded, 0, pad_h * padded_w * sizeof(float))
-        padded += pad_h * padded_w
 
 
 cdef struct Fused:
@@ -457,7 +450,7 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
         Py_ssize_t num, im_shape, kernel, pad, stride, dilation, bint force_nd,
         int group, int out_channels, Py_ssize_t chunk, int threads, bint fused=False):
     """One pass over `num` images in chunks of `chunk` (see the module docstring). Empty arrays mean "not given".
-    scratch: threads * ((rows + out_channels) * chunk * P + padded image) values, the padded images' part zero;
+    scratch: threads * ((rows + out_channels) * chunk * P + padded image) values;
     2-D geometries (unless force_nd) use the padded row copies above, others Caffe's N-d loops; dw_partials:
     min(threads, chunks) * w.size, a sum per thread at work, which the kernel adds to (the caller zeroes and sums
     them, or passes dW itself where one thread works). fused: float32 2-D geometries multiply straight from the

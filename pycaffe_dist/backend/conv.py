@@ -66,11 +66,11 @@ class ConvEngine:
         dtype = w.dtype
         threads = max(1, common.num_threads())
         chunk = self._chunk(num, dtype.itemsize, threads)
-        # Per thread: columns, output-side buffer, then the padded image, whose borders must be zero.
+        # Per thread: columns, output-side buffer, then a padded image.
         size = threads * ((self.rows + self.out_channels) * chunk * self.positions + self.padded_count)
         scratch = self._scratch.get(dtype)
         if scratch is None or scratch.size < size:
-            scratch = self._scratch[dtype] = np.zeros(size, dtype=dtype)
+            scratch = self._scratch[dtype] = np.empty(size, dtype=dtype)
         # The weight gradient: one partial sum per thread, or with one thread at work dW itself (beta = 1 adds).
         direct = dw is not None and (threads == 1 or num <= chunk) and dw.dtype == dtype and dw.flags.c_contiguous
         if direct:
