@@ -41,6 +41,16 @@ cdef extern from "sgemm.h" nogil:
     void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst)
 
 
+cdef extern from "conv_dw.h" nogil:
+    ctypedef struct pcd_dw_sums:
+        const float* y
+        const float* im
+        const ptrdiff_t* tap
+        ptrdiff_t y_image, y_channel, im_image, im_row
+        int images, rows, cols
+    void pcd_dw_direct(const pcd_dw_sums* s, int m_count, int t_lo, int t_hi, float* dw, ptrdiff_t dw_row)
+
+
 cdef extern from *:
     """
     #include <stdio.h>
@@ -231,6 +241,10 @@ cdef struct Fused:
     const ptrdiff_t* dx_col        # column n: i * C * H * W + h * W + w
     int cg, taps                   # input channels per group, kernel taps
     Py_ssize_t dx_group            # cg * H * W
+    # dW summed straight from y and the images (conv_dw.h) instead of by the GEMM
+    bint dw_direct
+    int out_h, out_w               # output rows and columns of an image
+    Py_ssize_t im_image, im_step   # offsets of the next (padded) image, and of the next output row's window
 
 
 cdef void _dx_direct(const Fused* f, const float* dy_padded, float* dx, Py_ssize_t n_lo, Py_ssize_t n_hi,
@@ -248,6 +262,18 @@ cdef void _dx_direct(const Fused* f, const float* dy_padded, float* dx, Py_ssize
                   _result(dx + g * f.dx_group, f.dx_row, f.dx_col + n_lo, NULL, 0), pack)
 
 
+cdef void _dw_direct(const Fused* f, const float* im, const float* y, int images, int g, Py_ssize_t r_lo,
+                     Py_ssize_t r_hi, float* dw) noexcept nogil:
+    # dW_g[:, r_lo:r_hi] += y_g col_g^T for a chunk's images, without packing (conv_dw.h); the chunk starts at
+    # its first image (n_lo = 0)
+    cdef pcd_dw_sums sums
+    sums.y, sums.im, sums.tap = y, im, f.im_row + g * f.kg
+    sums.y_image, sums.y_channel = <ptrdiff_t>f.out_channels * f.positions, f.positions
+    sums.im_image, sums.im_row = f.im_image, f.im_step
+    sums.images, sums.rows, sums.cols = images, f.out_h, f.out_w
+    pcd_dw_direct(&sums, f.mg, <int>r_lo, <int>r_hi, dw, f.kg)
+
+
 cdef void _fused_columns(const Fused* f, const float* im, const float* y, const float* w, const float* bias,
                          float* out, float* dw, float* col, Py_ssize_t n_lo, Py_ssize_t n_hi, Py_ssize_t r_lo,
                          Py_ssize_t r_hi, float* pack) noexcept nogil:
@@ -263,7 +289,10 @@ cdef void _fused_columns(const Fused* f, const float* im, const float* y, const 
                       _operand(im, f.im_row + g * kg, f.im_col + n_lo),
                       _result(out + g * out_group, f.out_row, f.out_col + n_lo, bias + g * mg if bias else NULL, 0),
                       pack)
-        if dw != NULL and r_hi > r_lo:
+        if dw != NULL and r_hi > r_lo and f.dw_direct:
+            _dw_direct(f, im, y + g * out_group, <int>((n_hi - n_lo) // f.positions), g, r_lo, r_hi,
+                       dw + g * mg * kg)
+        elif dw != NULL and r_hi > r_lo:
             pcd_sgemm(mg, <int>(r_hi - r_lo), <int>(n_hi - n_lo),
                       _operand(y + g * out_group, f.out_row, f.out_col + n_lo), NULL,
                       _operand(im, f.im_col + n_lo, f.im_row + g * kg + r_lo),
@@ -272,6 +301,78 @@ cdef void _fused_columns(const Fused* f, const float* im, const float* y, const 
             pcd_sgemm(kg, <int>(n_hi - n_lo), mg, _operand(w, f.iota, f.w_row), f.w_packed + g * f.w_packed_group,
                       _operand(y + g * out_group, f.out_row, f.out_col + n_lo),
                       _result(col + g * kg * f.col_ld, f.col_row, f.iota + n_lo, NULL, 0), pack)
+
+
+cdef bint _direct_dx_pays(Fused* f, int* c_im, int* c_col, int* k, int* p, int* s, int* dl):
+    # The input diff of a stride-1 convolution can also be computed as a correlation of the output diff, padded
+    # by K - 1 - pad, with the flipped kernel: no columns to fold, but its GEMM has the input channels of a group
+    # as rows and the input positions as columns. Taken where its multiplies, tile rows rounded up to 6, are no
+    # more than W^T y's with the fold counted as 30 % more: "same" convolutions with a few input channels or
+    # more (CIFAR-10 quick's conv2 and conv3); not LeNet's unpadded ones (2.25 times more input positions) or
+    # a 3-channel first layer.
+    cdef double direct_cost = <double>((f.cg + 5) // 6 * 6) * f.mg * f.taps * c_im[1] * c_im[2]
+    cdef double columns_cost = 1.3 * ((f.kg + 5) // 6 * 6) * f.mg * f.positions
+    return s[0] == 1 and s[1] == 1 and dl[0] == 1 and dl[1] == 1 and k[0] - 1 - p[0] >= 0 and \
+        k[1] - 1 - p[1] >= 0 and direct_cost <= columns_cost
+
+
+cdef int DW_DIRECT_MAX_COLUMNS = 100
+cdef bint _direct_dw_pays(Fused* f, int* s):
+    # conv_dw.h where dW is small (few weight columns per group: LeNet's conv1): a GEMM would pack both operands
+    # for every 256 positions and use each packed value only a few dozen times. Its loads need output columns
+    # that are consecutive image columns (stride 1 along the width) and rows of 8 or more.
+    return s[1] == 1 and f.kg <= DW_DIRECT_MAX_COLUMNS and f.out_w >= 8
+
+
+_TABLES = {}
+_TABLES_KEPT = 64   # geometry x chunk entries; a net has a few of each
+
+
+cdef dict _tables(int* c_im, int* c_col, int* k, int* p, int* s, int* dl, int group, int out_channels,
+                  Py_ssize_t chunk, bint direct_dx):
+    """_run_fused's offset tables (np.intp: ptrdiff_t here) for one geometry and chunk, built on first use: every
+    call of a layer shares them."""
+    key = (tuple(c_im[i] for i in range(3)), tuple(c_col[i] for i in range(3)), (k[0], k[1]), (p[0], p[1]),
+           (s[0], s[1]), (dl[0], dl[1]), group, out_channels, chunk, direct_dx)
+    found = _TABLES.get(key)
+    if found is not None:
+        return found
+    cdef int channels = c_im[0], height = c_im[1], width = c_im[2]
+    cdef int padded_h = height + 2 * p[0], padded_w = width + 2 * p[1], oh = c_col[1], ow = c_col[2]
+    cdef Py_ssize_t positions = <Py_ssize_t>oh * ow, rows = c_col[0], mg = out_channels // group
+    cdef Py_ssize_t im_count = <Py_ssize_t>channels * height * width, ld = chunk * positions
+    cdef Py_ssize_t image_stride = <Py_ssize_t>channels * padded_h * padded_w if p[0] or p[1] else im_count
+    cdef Py_ssize_t out_count = out_channels * positions, kg = rows // group, cg = channels // group
+    taps = (np.arange(channels)[:, None, None] * (padded_h * padded_w)
+            + np.arange(k[0])[None, :, None] * (dl[0] * padded_w) + np.arange(k[1])[None, None, :] * dl[1])
+    places = (np.arange(oh)[:, None] * (s[0] * padded_w) + np.arange(ow)[None, :] * s[1]).reshape(-1)
+    t = {"im_row": taps.reshape(-1).astype(np.intp),
+         "im_col": (np.arange(chunk)[:, None] * image_stride + places[None, :]).reshape(-1).astype(np.intp),
+         "out_col": (np.arange(chunk)[:, None] * out_count + np.arange(positions)[None, :]).reshape(-1).astype(np.intp),
+         "out_row": np.arange(out_channels, dtype=np.intp) * positions,
+         "w_row": np.arange(mg, dtype=np.intp) * kg,
+         "col_row": np.arange(max(rows, 1), dtype=np.intp) * ld,
+         "iota": np.arange(max(rows, ld, mg) + 1, dtype=np.intp)}
+    if direct_dx:
+        # the padded output diff's taps and places, the input diff's rows and columns, and the flipped W of a
+        # group as A (cg x mg * taps): element (c, (o, kh, kw)) = W[o, c, K-1-kh, K-1-kw]
+        q_height, q_width = oh + 2 * (k[0] - 1 - p[0]), ow + 2 * (k[1] - 1 - p[1])
+        t["dy_row"] = (np.arange(out_channels)[:, None, None] * (q_height * q_width)
+                       + np.arange(k[0])[None, :, None] * q_width + np.arange(k[1])[None, None, :]
+                       ).reshape(-1).astype(np.intp)
+        t["dy_col"] = (np.arange(chunk)[:, None, None] * (out_channels * q_height * q_width)
+                       + np.arange(height)[None, :, None] * q_width + np.arange(width)[None, None, :]
+                       ).reshape(-1).astype(np.intp)
+        t["dx_row"] = np.arange(max(cg, 1), dtype=np.intp) * (height * width)
+        t["dx_col"] = (np.arange(chunk)[:, None] * im_count
+                       + np.arange(height * width)[None, :]).reshape(-1).astype(np.intp)
+        t["flip_row"] = np.arange(max(cg, 1), dtype=np.intp) * (k[0] * k[1])
+        t["flip_col"] = (np.arange(mg)[:, None, None] * kg + (k[0] - 1 - np.arange(k[0]))[None, :, None] * k[1]
+                         + (k[1] - 1 - np.arange(k[1]))[None, None, :]).reshape(-1).astype(np.intp)
+    if len(_TABLES) >= _TABLES_KEPT:
+        _TABLES.clear()
+    _TABLES[key] = t
+    return t
 
 
 cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] w, const float[::1] bias,
@@ -293,51 +394,28 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     cdef Fused f
     f.mg, f.kg, f.group, f.out_channels = out_channels // group, <int>(rows // group), group, out_channels
     f.positions, f.col_ld = <int>positions, ld
-    # the tables (np.intp is ptrdiff_t here)
-    image_stride = padded_count if has_pad else im_count
-    taps = (np.arange(channels)[:, None, None] * (padded_h * padded_w)
-            + np.arange(k[0])[None, :, None] * (dl[0] * padded_w) + np.arange(k[1])[None, None, :] * dl[1])
-    places = (np.arange(c_col[1])[:, None] * (s[0] * padded_w) + np.arange(c_col[2])[None, :] * s[1]).reshape(-1)
-    cdef Py_ssize_t[::1] im_row = np.ascontiguousarray(taps.reshape(-1), dtype=np.intp)
-    cdef Py_ssize_t[::1] im_col = (np.arange(chunk)[:, None] * image_stride
-                                   + places[None, :]).reshape(-1).astype(np.intp)
-    cdef Py_ssize_t[::1] out_col = (np.arange(chunk)[:, None] * out_count
-                                    + np.arange(positions)[None, :]).reshape(-1).astype(np.intp)
-    cdef Py_ssize_t[::1] out_row = np.arange(out_channels, dtype=np.intp) * positions
-    cdef Py_ssize_t[::1] w_row = np.arange(f.mg, dtype=np.intp) * f.kg
-    cdef Py_ssize_t[::1] col_row = np.arange(max(rows, 1), dtype=np.intp) * ld
-    cdef Py_ssize_t[::1] iota = np.arange(max(rows, ld, f.mg) + 1, dtype=np.intp)
+    f.cg, f.taps = channels // group, k[0] * k[1]
+    f.out_h, f.out_w = c_col[1], c_col[2]
+    f.im_image, f.im_step = padded_count if has_pad else im_count, <Py_ssize_t>s[0] * padded_w
+    f.dw_direct = want_dw and _direct_dw_pays(&f, s)
+    # the tables (np.intp is ptrdiff_t here), built once per geometry and chunk
+    cdef bint direct_dx = want_im and _direct_dx_pays(&f, c_im, c_col, k, p, s, dl)
+    tables = _tables(c_im, c_col, k, p, s, dl, group, out_channels, chunk, direct_dx)
+    cdef Py_ssize_t[::1] im_row = tables["im_row"], im_col = tables["im_col"], out_col = tables["out_col"]
+    cdef Py_ssize_t[::1] out_row = tables["out_row"], w_row = tables["w_row"], col_row = tables["col_row"]
+    cdef Py_ssize_t[::1] iota = tables["iota"]
     f.iota, f.im_row, f.im_col = <ptrdiff_t*>&iota[0], <ptrdiff_t*>&im_row[0], <ptrdiff_t*>&im_col[0]
     f.out_row, f.out_col, f.w_row = <ptrdiff_t*>&out_row[0], <ptrdiff_t*>&out_col[0], <ptrdiff_t*>&w_row[0]
     f.col_row = <ptrdiff_t*>&col_row[0]
-    # The input diff of a stride-1 convolution can also be computed as a correlation of the output diff, padded
-    # by K - 1 - pad, with the flipped kernel: no columns to fold, but its GEMM has the input channels of a group
-    # as rows and the input positions as columns. Taken where its multiplies, tile rows rounded up to 6, are no
-    # more than W^T y's with the fold counted as 30 % more: "same" convolutions with a few input channels or
-    # more (CIFAR-10 quick's conv2 and conv3); not LeNet's unpadded ones (2.25 times more input positions) or
-    # a 3-channel first layer.
     cdef int qh = k[0] - 1 - ph, qw = k[1] - 1 - pw, oh = c_col[1], ow = c_col[2]
-    cdef int q_height = oh + 2 * qh, q_width = ow + 2 * qw
-    f.cg, f.taps = channels // group, k[0] * k[1]
-    cdef double direct_cost = <double>((f.cg + 5) // 6 * 6) * f.mg * f.taps * height * width
-    cdef double columns_cost = 1.3 * ((f.kg + 5) // 6 * 6) * f.mg * positions
-    cdef bint direct_dx = want_im and s[0] == 1 and s[1] == 1 and dl[0] == 1 and dl[1] == 1 and qh >= 0 and \
-        qw >= 0 and direct_cost <= columns_cost
-    cdef Py_ssize_t dy_count = <Py_ssize_t>out_channels * q_height * q_width, in_positions = <Py_ssize_t>height * width
+    cdef Py_ssize_t dy_count = <Py_ssize_t>out_channels * (oh + 2 * qh) * (ow + 2 * qw)
+    cdef Py_ssize_t in_positions = <Py_ssize_t>height * width
     cdef bint dy_pad = qh > 0 or qw > 0
     cdef Py_ssize_t[::1] dy_row, dy_col, dx_row, dx_col, flip_row, flip_col
     f.dx_group = <Py_ssize_t>f.cg * in_positions
     if direct_dx:
-        dy_row = (np.arange(out_channels)[:, None, None] * (q_height * q_width) + np.arange(k[0])[None, :, None]
-                  * q_width + np.arange(k[1])[None, None, :]).reshape(-1).astype(np.intp)
-        dy_col = (np.arange(chunk)[:, None, None] * dy_count + np.arange(height)[None, :, None] * q_width
-                  + np.arange(width)[None, None, :]).reshape(-1).astype(np.intp)
-        dx_row = np.arange(max(f.cg, 1), dtype=np.intp) * in_positions
-        dx_col = (np.arange(chunk)[:, None] * im_count + np.arange(in_positions)[None, :]).reshape(-1).astype(np.intp)
-        # flipped W of a group as A (cg x mg * taps): element (c, (o, kh, kw)) = W[o, c, K-1-kh, K-1-kw]
-        flip_row = np.arange(max(f.cg, 1), dtype=np.intp) * f.taps
-        flip_col = (np.arange(f.mg)[:, None, None] * f.kg + (k[0] - 1 - np.arange(k[0]))[None, :, None] * k[1]
-                    + (k[1] - 1 - np.arange(k[1]))[None, None, :]).reshape(-1).astype(np.intp)
+        dy_row, dy_col, dx_row, dx_col = tables["dy_row"], tables["dy_col"], tables["dx_row"], tables["dx_col"]
+        flip_row, flip_col = tables["flip_row"], tables["flip_col"]
         f.dy_row, f.dy_col = <ptrdiff_t*>&dy_row[0], <ptrdiff_t*>&dy_col[0]
         f.dx_row, f.dx_col = <ptrdiff_t*>&dx_row[0], <ptrdiff_t*>&dx_col[0]
     # W (forward), W^T (backward's column pass) or the flipped W (direct_dx), packed once for every chunk

@@ -191,10 +191,13 @@ static inline void pcd_store_row(pcd_result c, int i, const ptrdiff_t* col, int 
     }
 }
 
-/* One MR x NR tile: A sliver (kc) x B sliver (kc), written to C's rows i0.., columns j0.. (m x n of it valid;
-   kind: pcd_run_kind of those columns). first: the first KC block (else C is added to); last: add the bias. */
-static void pcd_tile(int kc, const float* a, const float* b, pcd_result c, int i0, int j0, int m, int n, int kind,
-                     int first, int last) {
+/* One tile of `rows` (<= MR) x NR: A sliver (kc) x B sliver (kc), written to C's rows i0.., columns j0.. (n of
+   them valid; kind: pcd_run_kind of those columns). first: the first KC block (else C is added to); last: add the
+   bias. Inlined with a constant `rows`, so that a panel of fewer than MR rows (the last of m = 20, 50 or 32) costs
+   FMAs for its rows only. */
+static inline __attribute__((always_inline)) void pcd_tile_rows(const int rows, int kc, const float* a,
+                                                                const float* b, pcd_result c, int i0, int j0,
+                                                                int n, int kind, int first, int last) {
     /* 12 accumulators, 2 loads and 6 broadcasts per step: kept in registers as named variables (an array of
        them is spilled by gcc) */
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
@@ -203,22 +206,54 @@ static void pcd_tile(int kc, const float* a, const float* b, pcd_result c, int i
     for (int p = 0; p < kc; p++) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), t;
         t = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(t, b0, c00); c01 = _mm256_fmadd_ps(t, b1, c01);
-        t = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(t, b0, c10); c11 = _mm256_fmadd_ps(t, b1, c11);
-        t = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(t, b0, c20); c21 = _mm256_fmadd_ps(t, b1, c21);
-        t = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(t, b0, c30); c31 = _mm256_fmadd_ps(t, b1, c31);
-        t = _mm256_broadcast_ss(a + 4); c40 = _mm256_fmadd_ps(t, b0, c40); c41 = _mm256_fmadd_ps(t, b1, c41);
-        t = _mm256_broadcast_ss(a + 5); c50 = _mm256_fmadd_ps(t, b0, c50); c51 = _mm256_fmadd_ps(t, b1, c51);
+        if (rows > 1) {
+            t = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(t, b0, c10); c11 = _mm256_fmadd_ps(t, b1, c11);
+        }
+        if (rows > 2) {
+            t = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(t, b0, c20); c21 = _mm256_fmadd_ps(t, b1, c21);
+        }
+        if (rows > 3) {
+            t = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(t, b0, c30); c31 = _mm256_fmadd_ps(t, b1, c31);
+        }
+        if (rows > 4) {
+            t = _mm256_broadcast_ss(a + 4); c40 = _mm256_fmadd_ps(t, b0, c40); c41 = _mm256_fmadd_ps(t, b1, c41);
+        }
+        if (rows > 5) {
+            t = _mm256_broadcast_ss(a + 5); c50 = _mm256_fmadd_ps(t, b0, c50); c51 = _mm256_fmadd_ps(t, b1, c51);
+        }
         a += PCD_MR;
         b += PCD_NR;
     }
     int add = c.accumulate || !first, bias = last && c.row_bias != NULL;
     const ptrdiff_t* col = c.col + j0;
     pcd_store_row(c, i0, col, n, kind, add, bias, c00, c01);
-    if (m > 1) pcd_store_row(c, i0 + 1, col, n, kind, add, bias, c10, c11);
-    if (m > 2) pcd_store_row(c, i0 + 2, col, n, kind, add, bias, c20, c21);
-    if (m > 3) pcd_store_row(c, i0 + 3, col, n, kind, add, bias, c30, c31);
-    if (m > 4) pcd_store_row(c, i0 + 4, col, n, kind, add, bias, c40, c41);
-    if (m > 5) pcd_store_row(c, i0 + 5, col, n, kind, add, bias, c50, c51);
+    if (rows > 1) pcd_store_row(c, i0 + 1, col, n, kind, add, bias, c10, c11);
+    if (rows > 2) pcd_store_row(c, i0 + 2, col, n, kind, add, bias, c20, c21);
+    if (rows > 3) pcd_store_row(c, i0 + 3, col, n, kind, add, bias, c30, c31);
+    if (rows > 4) pcd_store_row(c, i0 + 4, col, n, kind, add, bias, c40, c41);
+    if (rows > 5) pcd_store_row(c, i0 + 5, col, n, kind, add, bias, c50, c51);
+}
+
+static __attribute__((noinline)) void pcd_tile_few(int kc, const float* a, const float* b, pcd_result c, int i0,
+                                                   int j0, int m, int n, int kind, int first, int last) {
+    switch (m) {
+    case 1: pcd_tile_rows(1, kc, a, b, c, i0, j0, n, kind, first, last); break;
+    case 2: pcd_tile_rows(2, kc, a, b, c, i0, j0, n, kind, first, last); break;
+    case 3: pcd_tile_rows(3, kc, a, b, c, i0, j0, n, kind, first, last); break;
+    case 4: pcd_tile_rows(4, kc, a, b, c, i0, j0, n, kind, first, last); break;
+    default: pcd_tile_rows(5, kc, a, b, c, i0, j0, n, kind, first, last); break;
+    }
+}
+
+/* A tile of m (1..MR) rows: full tiles inline, the last panel's few rows through a specialised copy. */
+static inline __attribute__((always_inline)) void pcd_tile(int kc, const float* a, const float* b, pcd_result c,
+                                                           int i0, int j0, int m, int n, int kind, int first,
+                                                           int last) {
+    if (m >= PCD_MR) {
+        pcd_tile_rows(PCD_MR, kc, a, b, c, i0, j0, n, kind, first, last);
+        return;
+    }
+    pcd_tile_few(kc, a, b, c, i0, j0, m, n, kind, first, last);
 }
 
 /* The floats pcd_pack_a_all writes for an m x k A. */
@@ -263,6 +298,27 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
         for (int pc = 0; pc < k; pc += PCD_KC) {
             int kc = k - pc < PCD_KC ? k - pc : PCD_KC;
             pcd_operand bb = {b.base, b.row + pc, b.col + jc};
+            if (m <= PCD_MC) {
+                /* A is one block: each B sliver serves only its MR x NR tiles, so it is packed just before them
+                   and used from L1, instead of the whole nc block being packed out to L3 and read back */
+                const float* ablock = next_a;
+                if (a_packed) {
+                    next_a += (size_t)((m + PCD_MR - 1) / PCD_MR * PCD_MR) * kc;
+                } else {
+                    pcd_operand aa = {a.base, a.row, a.col + pc};
+                    pcd_pack_a(m, kc, aa, apack);
+                    ablock = apack;
+                }
+                for (int jr = 0; jr < nc; jr += PCD_NR) {
+                    int w = nc - jr < PCD_NR ? nc - jr : PCD_NR;
+                    pcd_operand sliver = {b.base, b.row + pc, b.col + jc + jr};
+                    pcd_pack_b(kc, w, sliver, bpack);
+                    for (int ir = 0; ir < m; ir += PCD_MR)
+                        pcd_tile(kc, ablock + ir * kc, bpack, c, ir, jc + jr, m - ir < PCD_MR ? m - ir : PCD_MR, w,
+                                 kinds[jr / PCD_NR], pc == 0, pc + kc == k);
+                }
+                continue;
+            }
             pcd_pack_b(kc, nc, bb, bpack);
             for (int ic = 0; ic < m; ic += PCD_MC) {
                 int mc = m - ic < PCD_MC ? m - ic : PCD_MC;
