@@ -41,6 +41,13 @@ cdef extern from "sgemm.h" nogil:
     void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst)
 
 
+cdef extern from "fold8.h" nogil:
+    int pcd_fold8_fits(int output_w, int stride_w, int padded_w)
+    void pcd_fold8(const float* col, ptrdiff_t ld, float* padded, int channels, int padded_h, int padded_w,
+                   int kernel_h, int kernel_w, int stride_h, int dilation_h, int dilation_w, int output_h,
+                   int output_w)
+
+
 cdef extern from "conv_dw.h" nogil:
     ctypedef struct pcd_dw_sums:
         const float* y
@@ -164,18 +171,14 @@ cdef void _unroll(const real* src, int channels, int height, int width, int kern
                     dst += output_w
 
 
-cdef void _fold(const real* col, real* im, real* padded, int channels, int height, int width, int pad_h, int pad_w,
-                int kernel_h, int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
-                int output_h, int output_w, Py_ssize_t ld) noexcept nogil:
-    # col2im of one 2-D image: sums into the padded buffer (or straight into the image when there is no pad),
-    # then copies the interior out. The buffer may hold an image unrolled in this pass: it is cleared first.
-    cdef int padded_h = height + 2 * pad_h, padded_w = width + 2 * pad_w
-    cdef Py_ssize_t c, h, kh, kw, oh, ow, padded_count = <Py_ssize_t>channels * padded_h * padded_w
-    cdef bint has_pad = pad_h or pad_w
-    cdef real* acc = padded if has_pad else im
+cdef void _fold_rows(const real* col, real* acc, int channels, int padded_h, int padded_w, int kernel_h,
+                     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w, int output_h,
+                     int output_w, Py_ssize_t ld) noexcept nogil:
+    # Caffe's col2im order: each column row (c, kh, kw) added into the padded image, row by output row
+    cdef Py_ssize_t c, kh, kw, oh, ow
     cdef real* row
     cdef const real* src
-    memset(acc, 0, padded_count * sizeof(real))
+    memset(acc, 0, <Py_ssize_t>channels * padded_h * padded_w * sizeof(real))
     for c in range(channels):
         for kh in range(kernel_h):
             for kw in range(kernel_w):
@@ -189,6 +192,23 @@ cdef void _fold(const real* col, real* im, real* padded, int channels, int heigh
                         for ow in range(output_w):
                             row[ow * stride_w] += src[ow]
                     src += output_w
+
+
+cdef void _fold(const real* col, real* im, real* padded, int channels, int height, int width, int pad_h, int pad_w,
+                int kernel_h, int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                int output_h, int output_w, Py_ssize_t ld) noexcept nogil:
+    # col2im of one 2-D image: sums into the padded buffer (or straight into the image when there is no pad),
+    # then copies the interior out. The buffer may hold an image unrolled in this pass: it is written whole.
+    cdef int padded_h = height + 2 * pad_h, padded_w = width + 2 * pad_w, c, h
+    cdef bint has_pad = pad_h or pad_w
+    cdef real* acc = padded if has_pad else im
+    if real is float and pcd_fold8_fits(output_w, stride_w, padded_w):
+        # rows of at most 8 outputs (fold8.h): summed in registers, each padded row stored once
+        pcd_fold8(col, ld, acc, channels, padded_h, padded_w, kernel_h, kernel_w, stride_h, dilation_h,
+                  dilation_w, output_h, output_w)
+    else:
+        _fold_rows(col, acc, channels, padded_h, padded_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h,
+                   dilation_w, output_h, output_w, ld)
     if has_pad:
         for c in range(channels):
             for h in range(height):
