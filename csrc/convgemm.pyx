@@ -48,7 +48,7 @@ cdef extern from "fold8.h" nogil:
                    int output_w)
 
 
-cdef extern from "conv_dw.h" nogil:
+cdef extern from "conv_direct.h" nogil:
     ctypedef struct pcd_dw_sums:
         const float* y
         const float* im
@@ -56,6 +56,15 @@ cdef extern from "conv_dw.h" nogil:
         ptrdiff_t y_image, y_channel, im_image, im_row
         int images, rows, cols
     void pcd_dw_direct(const pcd_dw_sums* s, int m_count, int t_lo, int t_hi, float* dw, ptrdiff_t dw_row)
+    ctypedef struct pcd_forward_sums:
+        const float* w
+        const float* bias
+        const float* im
+        const ptrdiff_t* tap
+        float* y
+        ptrdiff_t y_image, y_channel, im_image, im_row
+        int outputs, kg, rows, cols
+    void pcd_forward_direct(const pcd_forward_sums* s, int images)
 
 
 cdef extern from *:
@@ -261,8 +270,8 @@ cdef struct Fused:
     const ptrdiff_t* dx_col        # column n: i * C * H * W + h * W + w
     int cg, taps                   # input channels per group, kernel taps
     Py_ssize_t dx_group            # cg * H * W
-    # dW summed straight from y and the images (conv_dw.h) instead of by the GEMM
-    bint dw_direct
+    # the forward and dW summed straight from the images (conv_direct.h) instead of by the GEMM
+    bint fwd_direct, dw_direct
     int out_h, out_w               # output rows and columns of an image
     Py_ssize_t im_image, im_step   # offsets of the next (padded) image, and of the next output row's window
 
@@ -284,7 +293,7 @@ cdef void _dx_direct(const Fused* f, const float* dy_padded, float* dx, Py_ssize
 
 cdef void _dw_direct(const Fused* f, const float* im, const float* y, int images, int g, Py_ssize_t r_lo,
                      Py_ssize_t r_hi, float* dw) noexcept nogil:
-    # dW_g[:, r_lo:r_hi] += y_g col_g^T for a chunk's images, without packing (conv_dw.h); the chunk starts at
+    # dW_g[:, r_lo:r_hi] += y_g col_g^T for a chunk's images, without packing (conv_direct.h); the chunk starts at
     # its first image (n_lo = 0)
     cdef pcd_dw_sums sums
     sums.y, sums.im, sums.tap = y, im, f.im_row + g * f.kg
@@ -292,6 +301,18 @@ cdef void _dw_direct(const Fused* f, const float* im, const float* y, int images
     sums.im_image, sums.im_row = f.im_image, f.im_step
     sums.images, sums.rows, sums.cols = images, f.out_h, f.out_w
     pcd_dw_direct(&sums, f.mg, <int>r_lo, <int>r_hi, dw, f.kg)
+
+
+cdef void _forward_direct(const Fused* f, const float* im, const float* w, const float* bias, float* out, int g,
+                          Py_ssize_t i_lo, Py_ssize_t i_hi) noexcept nogil:
+    # out_g = W_g col_g (+ bias) for the chunk's images [i_lo, i_hi), without packing (conv_direct.h)
+    cdef pcd_forward_sums sums
+    sums.w, sums.bias, sums.tap = w, bias, f.im_row + g * f.kg
+    sums.im, sums.im_image, sums.im_row = im + i_lo * f.im_image, f.im_image, f.im_step
+    sums.y_image, sums.y_channel = <ptrdiff_t>f.out_channels * f.positions, f.positions
+    sums.y = out + i_lo * sums.y_image
+    sums.outputs, sums.kg, sums.rows, sums.cols = f.mg, f.kg, f.out_h, f.out_w
+    pcd_forward_direct(&sums, <int>(i_hi - i_lo))
 
 
 cdef void _fused_columns(const Fused* f, const float* im, const float* y, const float* w, const float* bias,
@@ -304,7 +325,10 @@ cdef void _fused_columns(const Fused* f, const float* im, const float* y, const 
     cdef int g, mg = f.mg, kg = f.kg
     cdef Py_ssize_t out_group = <Py_ssize_t>mg * f.positions
     for g in range(f.group):
-        if out != NULL and n_hi > n_lo:
+        if out != NULL and n_hi > n_lo and f.fwd_direct and n_lo % f.positions == 0 and n_hi % f.positions == 0:
+            _forward_direct(f, im, w + g * mg * kg, bias + g * mg if bias else NULL, out + g * out_group, g,
+                            n_lo // f.positions, n_hi // f.positions)
+        elif out != NULL and n_hi > n_lo:
             pcd_sgemm(mg, <int>(n_hi - n_lo), kg, _operand(w, f.w_row, f.iota), f.w_packed + g * f.w_packed_group,
                       _operand(im, f.im_row + g * kg, f.im_col + n_lo),
                       _result(out + g * out_group, f.out_row, f.out_col + n_lo, bias + g * mg if bias else NULL, 0),
@@ -336,12 +360,13 @@ cdef bint _direct_dx_pays(Fused* f, int* c_im, int* c_col, int* k, int* p, int* 
         k[1] - 1 - p[1] >= 0 and direct_cost <= columns_cost
 
 
-cdef int DW_DIRECT_MAX_COLUMNS = 100
-cdef bint _direct_dw_pays(Fused* f, int* s):
-    # conv_dw.h where dW is small (few weight columns per group: LeNet's conv1): a GEMM would pack both operands
-    # for every 256 positions and use each packed value only a few dozen times. Its loads need output columns
-    # that are consecutive image columns (stride 1 along the width) and rows of 8 or more.
-    return s[1] == 1 and f.kg <= DW_DIRECT_MAX_COLUMNS and f.out_w >= 8
+cdef int DIRECT_MAX_COLUMNS = 100
+cdef bint _few_columns(Fused* f, int* s):
+    # conv_direct.h for layers with few weight columns per group (LeNet's conv1: 25, CIFAR-10 quick's: 75), where
+    # a GEMM would use each packed value only a few dozen times; its weight gradient ran 0.5x (LeNet conv1) and
+    # 0.8x (CIFAR conv1) the GEMM's time, and 1.6x on LeNet's conv2 (500 columns). Its vector loads need output
+    # columns that are consecutive image columns (stride 1 along the width) and rows of 8 or more.
+    return s[1] == 1 and f.kg <= DIRECT_MAX_COLUMNS and f.out_w >= 8
 
 
 _TABLES = {}
@@ -417,7 +442,8 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     f.cg, f.taps = channels // group, k[0] * k[1]
     f.out_h, f.out_w = c_col[1], c_col[2]
     f.im_image, f.im_step = padded_count if has_pad else im_count, <Py_ssize_t>s[0] * padded_w
-    f.dw_direct = want_dw and _direct_dw_pays(&f, s)
+    f.fwd_direct = want_out and _few_columns(&f, s)
+    f.dw_direct = want_dw and _few_columns(&f, s)
     # the tables (np.intp is ptrdiff_t here), built once per geometry and chunk
     cdef bint direct_dx = want_im and _direct_dx_pays(&f, c_im, c_col, k, p, s, dl)
     tables = _tables(c_im, c_col, k, p, s, dl, group, out_channels, chunk, direct_dx)

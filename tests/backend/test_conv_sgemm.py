@@ -2,7 +2,7 @@
 float64 BLAS path with unrolled columns: forward with bias, weight gradient (accumulated), input gradient; over
 groups, stride, pad, dilation, rectangular kernels, maps whose size is no multiple of the 16-column tiles, several
 chunks and one chunk split over threads, the input diff by col2im or (same-size maps) by correlation, the weight
-gradient by the GEMM or (few weight columns: conv_dw.h) by direct sums, whole vectors and masked row tails."""
+gradient by the GEMM or (few weight columns: conv_direct.h) by direct sums, whole vectors and masked row tails."""
 import numpy as np
 import pytest
 
