@@ -1,5 +1,6 @@
-"""Convolution passes on the CPU, our float32 GEMM (csrc/sgemm.h, reading images and output diffs in place)
-against the BLAS path (unrolled columns, numpy's OpenBLAS), in the same process and interleaved.
+"""Convolution passes on the CPU, our float32 path (csrc/sgemm.h's GEMM reading images and output diffs in place;
+conv_direct.h's unpacked sums for layers with few weight columns; fold8.h's col2im) against the BLAS path
+(unrolled columns, numpy's OpenBLAS), in the same process and interleaved.
 
     python bench/conv.py [--threads 1] [--repeats 3] [--iterations 30]
 
@@ -59,7 +60,7 @@ def main():
     if not conv.sgemm_enabled():
         raise SystemExit("bench: this build has no AVX2/FMA GEMM (csrc/sgemm.h): nothing to compare")
     rng = np.random.default_rng(0)
-    print("| layer | pass | GFLOP | BLAS path ms | our GEMM ms | ours / BLAS | our GFLOP/s |")
+    print("| layer | pass | GFLOP | BLAS path ms | ours ms | ours / BLAS | our GFLOP/s |")
     print("|---|---|---|---|---|---|---|")
     for name, im_shape, out_channels, k, pad, batch in LAYERS:
         engine = conv.ConvEngine(im_shape, (k, k), (pad, pad), (1, 1), (1, 1), 1, out_channels)
