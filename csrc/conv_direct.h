@@ -55,37 +55,24 @@ static inline __attribute__((always_inline)) void pcd_dw_block(const int mb, con
             const float* yr = yn + (ptrdiff_t)r * s->cols;
             const float* xr = xn + r * s->im_row;
             /* 12 accumulators, 3 image vectors and one of y: the 16 registers (the tail's mask lives outside) */
+            /* weight row i's output-diff vector against the 3 image vectors */
+#define PCD_DW_ROW(LOAD, i, c0, c1, c2)                                                                         \
+                if (mb > i) {                                                                                   \
+                    __m256 d = LOAD(yr + i * s->y_channel + x);                                                 \
+                    PCD_IN_REGISTER(d);                                                                         \
+                    c0 = _mm256_fmadd_ps(d, x0, c0);                                                            \
+                    if (tb > 1) c1 = _mm256_fmadd_ps(d, x1, c1);                                                \
+                    if (tb > 2) c2 = _mm256_fmadd_ps(d, x2, c2);                                                \
+                }
 #define PCD_DW_STEP(LOAD)                                                                                       \
             {                                                                                                   \
-                __m256 x0 = LOAD(xr + t_0 + x), x1 = _mm256_setzero_ps(), x2 = x1, d;                           \
+                __m256 x0 = LOAD(xr + t_0 + x), x1 = _mm256_setzero_ps(), x2 = x1;                              \
                 if (tb > 1) x1 = LOAD(xr + t_1 + x);                                                            \
                 if (tb > 2) x2 = LOAD(xr + t_2 + x);                                                            \
-                d = LOAD(yr + x);                                                                               \
-                PCD_IN_REGISTER(d);                                                                             \
-                a00 = _mm256_fmadd_ps(d, x0, a00);                                                              \
-                if (tb > 1) a01 = _mm256_fmadd_ps(d, x1, a01);                                                  \
-                if (tb > 2) a02 = _mm256_fmadd_ps(d, x2, a02);                                                  \
-                if (mb > 1) {                                                                                   \
-                    d = LOAD(yr + s->y_channel + x);                                                            \
-                    PCD_IN_REGISTER(d);                                                                         \
-                    a10 = _mm256_fmadd_ps(d, x0, a10);                                                          \
-                    if (tb > 1) a11 = _mm256_fmadd_ps(d, x1, a11);                                              \
-                    if (tb > 2) a12 = _mm256_fmadd_ps(d, x2, a12);                                              \
-                }                                                                                               \
-                if (mb > 2) {                                                                                   \
-                    d = LOAD(yr + 2 * s->y_channel + x);                                                        \
-                    PCD_IN_REGISTER(d);                                                                         \
-                    a20 = _mm256_fmadd_ps(d, x0, a20);                                                          \
-                    if (tb > 1) a21 = _mm256_fmadd_ps(d, x1, a21);                                              \
-                    if (tb > 2) a22 = _mm256_fmadd_ps(d, x2, a22);                                              \
-                }                                                                                               \
-                if (mb > 3) {                                                                                   \
-                    d = LOAD(yr + 3 * s->y_channel + x);                                                        \
-                    PCD_IN_REGISTER(d);                                                                         \
-                    a30 = _mm256_fmadd_ps(d, x0, a30);                                                          \
-                    if (tb > 1) a31 = _mm256_fmadd_ps(d, x1, a31);                                              \
-                    if (tb > 2) a32 = _mm256_fmadd_ps(d, x2, a32);                                              \
-                }                                                                                               \
+                PCD_DW_ROW(LOAD, 0, a00, a01, a02)                                                              \
+                PCD_DW_ROW(LOAD, 1, a10, a11, a12)                                                              \
+                PCD_DW_ROW(LOAD, 2, a20, a21, a22)                                                              \
+                PCD_DW_ROW(LOAD, 3, a30, a31, a32)                                                              \
             }
             int x = 0;
             for (; x < full; x += 8)
@@ -100,6 +87,7 @@ static inline __attribute__((always_inline)) void pcd_dw_block(const int mb, con
 #undef PCD_DW_MASKED
             }
 #undef PCD_DW_STEP
+#undef PCD_DW_ROW
 #undef PCD_IN_REGISTER
         }
     }
