@@ -26,7 +26,7 @@ static void pcd_fold8(const float* col, ptrdiff_t ld, float* padded, int channel
                       int kernel_h, int kernel_w, int stride_h, int dilation_h, int dilation_w, int output_h,
                       int output_w) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(output_w), lane));
+    const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(output_w), lane);
     /* per kw: the permute taking lane j from (j - shift) mod 8, and the lanes j < shift (those go high) */
     __m256i at[16];
     __m256 low[16];
@@ -50,8 +50,8 @@ static void pcd_fold8(const float* col, ptrdiff_t ld, float* padded, int channel
                 const float* src = col + ((ptrdiff_t)(c * kernel_h + kh) * kernel_w) * ld + (ptrdiff_t)oh * output_w;
                 int kw = 0;
                 for (; kw < kernel_w; kw++, src += ld) {
-                    /* lanes past output_w belong to the next output row: zeroed before the shift */
-                    __m256 p = _mm256_permutevar8x32_ps(_mm256_and_ps(_mm256_loadu_ps(src), valid), at[kw]);
+                    /* lanes past output_w (the next output row, or past the buffer) are not loaded: zeros */
+                    __m256 p = _mm256_permutevar8x32_ps(_mm256_maskload_ps(src, valid), at[kw]);
                     if (kw & 1) {
                         lo1 = _mm256_add_ps(lo1, _mm256_andnot_ps(low[kw], p));   /* lanes j >= shift */
                         hi1 = _mm256_add_ps(hi1, _mm256_and_ps(low[kw], p));      /* lanes 8 + j, j < shift */
