@@ -13,7 +13,8 @@
    positions and use each packed value only 20 or 25 times.
 
    Forward (pcd_forward_direct): y[n][m][r * ow + x] = bias[m] + sum over t of W[m][t] * im[n * im_image +
-   r * im_row + tap[t] + x], 8 output columns at a time, in blocks of 4 outputs x 3 vectors of one output row.
+   r * im_row + tap[t] + x], 8 output columns at a time, in blocks of 4 outputs x 3 vectors (see
+   pcd_forward_direct for how the vectors are grouped).
 
    Only built with AVX2 and FMA (PCD_SGEMM, see sgemm.h). */
 #ifndef PCD_CONV_DIRECT_H
