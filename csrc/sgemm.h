@@ -275,6 +275,20 @@ static void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst) {
     }
 }
 
+/* The packed block of A's rows [ic, ic + mc), columns [pc, pc + kc): the next one of a prepacked A (*next, which
+   then moves on), or packed into apack here (*next NULL). */
+static inline const float* pcd_a_block(pcd_operand a, const float** next, int ic, int mc, int pc, int kc,
+                                       float* apack) {
+    const float* block = *next;
+    if (block) {
+        *next += pcd_packed_a_floats(mc, kc);
+        return block;
+    }
+    pcd_operand aa = {a.base, a.row + ic, a.col + pc};
+    pcd_pack_a(mc, kc, aa, apack);
+    return apack;
+}
+
 /* C (m x n) = A (m x k) B (k x n) (+ C) (+ bias), through the operands' tables; pack: PCD_SGEMM_PACK_FLOATS.
    a_packed: A as pcd_pack_a_all wrote it, or NULL (then `a` is packed here). */
 static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed, pcd_operand b, pcd_result c,
@@ -297,18 +311,10 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
             kinds[jr / PCD_NR] = (signed char)pcd_run_kind(c.col + jc + jr, nc - jr < PCD_NR ? nc - jr : PCD_NR);
         for (int pc = 0; pc < k; pc += PCD_KC) {
             int kc = k - pc < PCD_KC ? k - pc : PCD_KC;
-            pcd_operand bb = {b.base, b.row + pc, b.col + jc};
             if (m <= PCD_MC) {
                 /* A is one block: each B sliver serves only its MR x NR tiles, so it is packed just before them
                    and used from L1, instead of the whole nc block being packed out to L3 and read back */
-                const float* ablock = next_a;
-                if (a_packed) {
-                    next_a += (size_t)((m + PCD_MR - 1) / PCD_MR * PCD_MR) * kc;
-                } else {
-                    pcd_operand aa = {a.base, a.row, a.col + pc};
-                    pcd_pack_a(m, kc, aa, apack);
-                    ablock = apack;
-                }
+                const float* ablock = pcd_a_block(a, &next_a, 0, m, pc, kc, apack);
                 for (int jr = 0; jr < nc; jr += PCD_NR) {
                     int w = nc - jr < PCD_NR ? nc - jr : PCD_NR;
                     pcd_operand sliver = {b.base, b.row + pc, b.col + jc + jr};
@@ -319,17 +325,11 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
                 }
                 continue;
             }
+            pcd_operand bb = {b.base, b.row + pc, b.col + jc};
             pcd_pack_b(kc, nc, bb, bpack);
             for (int ic = 0; ic < m; ic += PCD_MC) {
                 int mc = m - ic < PCD_MC ? m - ic : PCD_MC;
-                const float* ablock = next_a;
-                if (a_packed) {
-                    next_a += (size_t)((mc + PCD_MR - 1) / PCD_MR * PCD_MR) * kc;
-                } else {
-                    pcd_operand aa = {a.base, a.row + ic, a.col + pc};
-                    pcd_pack_a(mc, kc, aa, apack);
-                    ablock = apack;
-                }
+                const float* ablock = pcd_a_block(a, &next_a, ic, mc, pc, kc, apack);
                 for (int jr = 0; jr < nc; jr += PCD_NR)
                     for (int ir = 0; ir < mc; ir += PCD_MR)
                         pcd_tile(kc, ablock + ir * kc, bpack + jr * kc, c, ic + ir, jc + jr,
