@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from ..errors import DataError
+from .._kernels import datum as _datum
 from . import images, sources
 
 
@@ -42,19 +43,41 @@ def record_batches(source, batch_size, transformer, where, skip=0, shard=0, num_
     transform_param = transformer.param
 
     def make_batch():
-        arrays, keys = [], []
-        labels = np.empty(batch_size, np.float32)
+        keys, values = [], []
         for i in range(batch_size):
             key, value = next(cursor)
+            keys.append(key)
+            values.append(value)
+            if i % RECORDS_PER_GIL_RELEASE == RECORDS_PER_GIL_RELEASE - 1:
+                time.sleep(0)
+        raw = _raw_batch(values, where, keys[0])
+        if raw is not None:
+            return transformer.transform(raw[0]), raw[1]
+        # encoded or float records, or a bad one: each parsed by protobuf, which names what is wrong
+        arrays, labels = [], np.empty(batch_size, np.float32)
+        for i, (key, value) in enumerate(zip(keys, values)):
             record_where = "%s: record %r" % (where, key)
             datum = sources.parse_datum(value, record_where)
             arrays.append(datum_image(datum, transform_param, record_where))
-            keys.append(repr(key))
             labels[i] = datum.label
-            if i % RECORDS_PER_GIL_RELEASE == RECORDS_PER_GIL_RELEASE - 1:
-                time.sleep(0)
-        return transformer.transform(_stack(arrays, keys, where)), labels
+        return transformer.transform(_stack(arrays, [repr(key) for key in keys], where)), labels
     return make_batch
+
+
+def _raw_batch(values, where, first_key):
+    """(pixels (N, C, H, W) uint8, labels) where every record is a raw uint8 Datum of the first one's shape,
+    decoded in C without the GIL (csrc/datum.pyx); else None."""
+    first = sources.parse_datum(values[0], "%s: record %r" % (where, first_key))
+    if first.encoded or not first.data or first.float_data:
+        return None
+    shape = (first.channels, first.height, first.width)
+    if min(shape) < 1 or len(first.data) != shape[0] * shape[1] * shape[2]:
+        return None
+    pixels = np.empty((len(values), len(first.data)), np.uint8)
+    labels = np.empty(len(values), np.float32)
+    if _datum.decode_raw(values, pixels, labels, *shape) < len(values):
+        return None
+    return pixels.reshape((len(values),) + shape), labels
 
 
 def image_list_batches(entries, param, transformer, rng, where, skip=0):
