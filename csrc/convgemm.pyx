@@ -509,8 +509,7 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                     im = pcd_thread_buffer(1, nb * padded_count)
             _fused_columns(&f, im, y + n0 * out_count if y != NULL else NULL, &w[0], b,
                            o + n0 * out_count if o != NULL else NULL, dwp + tid * w.shape[0] if dwp != NULL else NULL,
-                           col if want_im and not direct_dx else NULL, 0, nb * positions, 0, f.kg,
-                           pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+                           NULL, 0, nb * positions, 0, f.kg, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if direct_dx:
                 dyp = y + n0 * out_count
                 if dy_pad:
@@ -519,7 +518,10 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                 _dx_direct(&f, dyp, &im_out[0] + n0 * im_count, 0, nb * in_positions,
                            pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             elif want_im:
+                # an image's columns, then its fold, while they are in L2 (a chunk's would not stay there)
                 for i in range(nb):
+                    _fused_columns(&f, NULL, y + n0 * out_count, &w[0], NULL, NULL, NULL, col, i * positions,
+                                   (i + 1) * positions, 0, 0, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
                     _fold(col + i * positions, &im_out[0] + (n0 + i) * im_count, fold_pad, channels, height, width,
                           ph, pw, k[0], k[1], s[0], s[1], dl[0], dl[1], c_col[1], c_col[2], ld)
         return
