@@ -1,18 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""A batch of serialized caffe.Datum records with raw uint8 pixels, decoded into one array without the GIL.
+"""Records of Datums in C, for the data layers' prefetch thread: a datumfile's records split out of one read, and
+a batch of serialized caffe.Datum records with raw uint8 pixels decoded into one array without the GIL.
 
-The data layers' prefetch thread runs beside the training thread. Parsing each record with protobuf and numpy in
-Python held the GIL for about 20 us a record (1.3 ms a LeNet batch), and the training thread, which takes the GIL
-back between its kernels, waited for it: 1 to 3 ms an iteration. Here the records' bytes are walked in C.
+The prefetch thread runs beside the training thread. Reading and parsing each record with struct, protobuf and
+numpy in Python held the GIL for about 20 us a record (1.3 ms a LeNet batch), and the training thread, which
+takes the GIL back between its kernels, waited for it: 1 to 3 ms an iteration.
 
-Only the common case is decoded: field 4 (data) holding exactly channels x height x width bytes of the expected
-shape, no float_data (field 6) and encoded (field 7) false. Anything else (encoded images, float records, another
-shape, malformed bytes) stops the decode at that record, and the caller reads the batch through protobuf, which
-gives its own results and error messages. Field semantics are protobuf's: for a repeated scalar field the last
-value wins, unknown fields are skipped by their wire type. Python wrapper: pycaffe_dist/data/batches.py.
+decode_raw handles only the common case: field 4 (data) holding exactly channels x height x width bytes of the
+expected shape, no float_data (field 6) and encoded (field 7) false. Anything else (encoded images, float records,
+another shape, malformed bytes) stops the decode at that record, and the caller reads the batch through protobuf,
+which gives its own results and error messages. Field semantics are protobuf's: for a repeated scalar field the
+last value wins, unknown fields are skipped by their wire type. Python callers: pycaffe_dist/data/batches.py,
+pycaffe_dist/data/sources.py.
 """
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.stdint cimport int32_t, uint8_t, uint64_t
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
@@ -118,3 +120,32 @@ def decode_raw(list values, uint8_t[:, ::1] pixels, float[::1] labels, int chann
     free(starts)
     free(sizes)
     return done
+
+
+cdef inline uint32_t _u32(const uint8_t* p) noexcept nogil:
+    return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+def split_records(bytes run, Py_ssize_t n, uint32_t max_length):
+    """The n datumfile records that `run` holds back to back, as [(key, value)], or None where a length field
+    exceeds max_length, a record's record_size is not its key and value sizes + 8, or the n records do not fill
+    `run` exactly (the checks of sources.DatumFileSource._read_record, which then names the bad record)."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(run)
+    cdef const uint8_t* end = p + PyBytes_GET_SIZE(run)
+    cdef uint32_t record_size, key_size, value_size
+    cdef Py_ssize_t i
+    records = []
+    for i in range(n):
+        if end - p < 8:
+            return None
+        record_size, key_size = _u32(p), _u32(p + 4)
+        if record_size > max_length or key_size > max_length or <uint64_t>key_size + 12 > <uint64_t>(end - p):
+            return None
+        value_size = _u32(p + 8 + key_size)
+        if (value_size > max_length or <uint64_t>record_size != <uint64_t>key_size + value_size + 8
+                or <uint64_t>record_size + 4 > <uint64_t>(end - p)):
+            return None
+        records.append((PyBytes_FromStringAndSize(<const char*>p + 8, key_size),
+                        PyBytes_FromStringAndSize(<const char*>p + 12 + key_size, value_size)))
+        p += 4 + record_size
+    return records if p == end else None

@@ -13,12 +13,6 @@ from .._kernels import datum as _datum
 from . import images, sources
 
 
-# The batch makers run in the prefetch thread, in Python: they hold the GIL between records, and the training
-# thread, back from a kernel that released it, would wait for the whole batch (CPython hands the GIL over only
-# every 5 ms). Every this many records they give it up for a moment.
-RECORDS_PER_GIL_RELEASE = 8
-
-
 def _stack(arrays, names, where):
     """One (N, C, H, W) array; every record of a batch must have the shape of the first (Caffe CHECKs it)."""
     first = arrays[0].shape
@@ -39,17 +33,12 @@ def datum_image(datum, transform_param, where):
 
 def record_batches(source, batch_size, transformer, where, skip=0, shard=0, num_shards=1):
     """Batches of (data, label) from a RecordSource, read in store order with wrap-around (Caffe's DataLayer)."""
-    cursor = source.cycle(skip, shard, num_shards)
+    reader = source.batches(batch_size, skip, shard, num_shards)
     transform_param = transformer.param
 
     def make_batch():
-        keys, values = [], []
-        for i in range(batch_size):
-            key, value = next(cursor)
-            keys.append(key)
-            values.append(value)
-            if i % RECORDS_PER_GIL_RELEASE == RECORDS_PER_GIL_RELEASE - 1:
-                time.sleep(0)
+        records = next(reader)
+        keys, values = [key for key, _ in records], [value for _, value in records]
         raw = _raw_batch(values, where, keys[0])
         if raw is not None:
             return transformer.transform(raw[0]), raw[1]
@@ -102,7 +91,7 @@ def image_list_batches(entries, param, transformer, rng, where, skip=0):
                 state["pos"] = 0
                 if param.shuffle:
                     state["order"] = rng.permutation(len(entries))
-            if i % RECORDS_PER_GIL_RELEASE == RECORDS_PER_GIL_RELEASE - 1:
-                time.sleep(0)
+            if i % sources.RECORDS_PER_GIL_RELEASE == sources.RECORDS_PER_GIL_RELEASE - 1:
+                time.sleep(0)     # lets the training thread have the GIL (sources.RecordSource.batches)
         return transformer.transform(_stack(arrays, names, where)), labels
     return make_batch

@@ -22,16 +22,19 @@ import os
 import shutil
 import struct
 import threading
+import time
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from .._kernels import datum as _datum
 from ..errors import DataError
 from ..proto import caffe_pb2
 
 DB = caffe_pb2.DataParameter
 DATUMFILE_MAX_BUF = 104857600   # 100 MiB: larger length fields are corruption (reference/datumfile.md)
 COMMIT_EVERY = 1000             # puts per transaction, as Caffe's convert tools commit
+RECORDS_PER_GIL_RELEASE = 8     # see RecordSource.batches
 _BACKENDS = {"lmdb": DB.LMDB, "leveldb": DB.LEVELDB, "datumfile": DB.DATUMFILE}
 BACKEND_NAMES = {number: name for name, number in _BACKENDS.items()}
 
@@ -114,6 +117,24 @@ class RecordSource:
 
     def cycle(self, skip=0, shard=0, num_shards=1):
         """Endless (key, value) over shard `shard` of `num_shards`, from its skip-th record (mod its size)."""
+        return self._cycle(self._first(skip, shard, num_shards), shard, num_shards, len(self))
+
+    def batches(self, batch_size, skip=0, shard=0, num_shards=1):
+        """Endless lists of `batch_size` (key, value) records, in cycle()'s order."""
+        cursor = self.cycle(skip, shard, num_shards)
+        while True:
+            batch = []
+            for i in range(batch_size):
+                batch.append(next(cursor))
+                # The prefetch thread reads in Python, holding the GIL between records, and the training thread,
+                # back from a kernel that released it, would wait for the whole batch (CPython hands the GIL
+                # over only every 5 ms). Give it up for a moment now and then.
+                if i % RECORDS_PER_GIL_RELEASE == RECORDS_PER_GIL_RELEASE - 1:
+                    time.sleep(0)
+            yield batch
+
+    def _first(self, skip, shard, num_shards):
+        """The position cycle() starts at, after checking the shard exists and is not empty."""
         if num_shards < 1 or not 0 <= shard < num_shards:
             raise DataError("%s: shard %d of %d does not exist (0 <= shard < num_shards)"
                             % (self.path, shard, num_shards))
@@ -122,7 +143,7 @@ class RecordSource:
         if size == 0:
             raise DataError("%s: shard %d of %d is empty: the %s holds %d records"
                             % (self.path, shard, num_shards, self.kind, count))
-        return self._cycle(shard + (skip % size) * num_shards, shard, num_shards, count)
+        return shard + (skip % size) * num_shards
 
     def close(self):
         pass
@@ -330,6 +351,43 @@ class DatumFileSource(RecordSource):
                 position += step
                 if position >= count:
                     position = shard
+
+    def batches(self, batch_size, skip=0, shard=0, num_shards=1):
+        """cycle()'s records, batch_size at a time: each run of consecutive records is one read, split in C
+        (csrc/datum.pyx) with the checks _read_record makes; where one fails, record by record for its message."""
+        position = self._first(skip, shard, num_shards)
+        offsets = self.offsets()
+        count = len(offsets)
+        with self._open() as f:
+            file_size = os.fstat(f.fileno()).st_size
+            while True:
+                batch = []
+                while len(batch) < batch_size:
+                    n = min(batch_size - len(batch), count - position) if num_shards == 1 else 1
+                    batch.extend(self._read_run(f, offsets, position, n, file_size))
+                    position += n * num_shards
+                    if position >= count:
+                        position = shard
+                yield batch
+
+    def _read_run(self, f, offsets, first, n, file_size):
+        begin = int(offsets[first])
+        end = int(offsets[first + n]) if first + n < len(offsets) else file_size
+        f.seek(begin)
+        run = f.read(max(0, end - begin))
+        records = _datum.split_records(run, n, DATUMFILE_MAX_BUF) if len(run) == end - begin else None
+        if records is not None:
+            return records
+        records = []
+        for position in range(first, first + n):
+            offset = int(offsets[position])
+            f.seek(offset)
+            record = self._read_record(f, offset, position)
+            if record is None:
+                raise DataError("%s: ends before record %d at byte %d; the datumfile changed while read"
+                                % (self.path, position, offset))
+            records.append(record)
+        return records
 
     def __len__(self):
         return len(self.offsets())

@@ -79,6 +79,34 @@ def test_shards_are_disjoint_cover_all_and_stable_across_epochs(tmp_path, backen
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_follow_the_cycle(tmp_path, backend):
+    recs = records(101)
+    path = tmp_path / backend
+    write(path, backend, recs)
+    with open_records(path, backend) as source:
+        for skip, shard, num_shards, batch_size in [(0, 0, 1, 40), (95, 0, 1, 7), (3, 2, 3, 16), (0, 0, 1, 250)]:
+            cycle = source.cycle(skip, shard, num_shards)
+            batches = source.batches(batch_size, skip, shard, num_shards)
+            for _ in range(4):
+                assert next(batches) == [next(cycle) for _ in range(batch_size)]
+
+
+def test_datumfile_batches_name_a_corrupt_record(tmp_path):
+    recs = records(5)
+    data = hand_built(recs)
+    third = sum(12 + len(k) + len(v) for k, v in recs[:2])
+    # record 2's value size says 1 byte more than its record size allows; the index (record sizes) is fine
+    key_size = len(recs[2][0])
+    corrupt = bytearray(data)
+    struct.pack_into("<I", corrupt, third + 8 + key_size, len(recs[2][1]) + 1)
+    (tmp_path / "bad").write_bytes(bytes(corrupt))
+    batches = open_records(tmp_path / "bad", "datumfile").batches(4)
+    with pytest.raises(DataError, match=r"bad: record 2 at byte %d: record size %d but key \(%d bytes\) and value "
+                       r"\(%d bytes\)" % (third, 8 + key_size + len(recs[2][1]), key_size, len(recs[2][1]) + 1)):
+        next(batches)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_shard_and_bad_shard_are_errors(tmp_path, backend):
     path = tmp_path / backend
     write(path, backend, records(3))
