@@ -14,7 +14,8 @@ std::exp); numpy's SIMD exp is faster on long rows but differs in the last bits.
 Python wrapper: pycaffe_dist/backend/softmax.py.
 """
 from cython.parallel cimport prange
-from libc.math cimport exp, expf
+from libc.float cimport FLT_MIN as FLT_MIN_
+from libc.math cimport exp, expf, log, logf
 
 ctypedef fused real:
     float
@@ -30,6 +31,13 @@ cdef inline real _exp(real v) noexcept nogil:
         return expf(v)
     else:
         return exp(v)
+
+
+cdef inline real _log(real v) noexcept nogil:
+    if real is float:
+        return logf(v)
+    else:
+        return log(v)
 
 
 cdef void _forward_row(const real* x, real* y, Py_ssize_t channels) noexcept nogil:
@@ -136,3 +144,65 @@ def backward(const real[:, :, ::1] y, const real[:, :, ::1] dy, real[:, :, ::1] 
             _backward_row(yp + off, dyp + off, dxp + off, channels)
         else:
             _backward_block(yp + off, dyp + off, dxp + off, channels, inner, min(<Py_ssize_t>BLOCK, inner - k0))
+
+
+cdef inline int _label(real value, Py_ssize_t channels, bint has_ignore, int ignore) noexcept nogil:
+    # static_cast<int>(value) as Caffe reads a label; -1 for ignore_label, -2 for one outside [0, channels)
+    if not (value > -2147483649.0 and value < 2147483648.0):    # NaN or beyond int: refused, not cast
+        return -2
+    cdef int label = <int>value
+    if has_ignore and label == ignore:
+        return -1
+    return label if 0 <= label < channels else -2
+
+
+def loss_forward(const real[:, :, ::1] prob, const real[::1] labels, bint has_ignore, int ignore):
+    """SoftmaxWithLoss's forward sum (softmax_loss_layer.cpp): loss -= log(max(prob[i, label, j], FLT_MIN)) over
+    positions i (outer), j (inner) in Caffe's order and precision, skipping ignore_label. Returns (loss, count of
+    positions counted, position of the first label outside [0, channels) or -1); at a bad label it stops."""
+    cdef Py_ssize_t outer = prob.shape[0], channels = prob.shape[1], inner = prob.shape[2], i, j, bad = -1
+    cdef Py_ssize_t count = 0
+    cdef real loss = 0, p
+    cdef int label
+    if labels.shape[0] != outer * inner:
+        raise ValueError("loss_forward: %d labels for %d positions" % (labels.shape[0], outer * inner))
+    with nogil:
+        for i in range(outer):
+            for j in range(inner):
+                label = _label(labels[i * inner + j], channels, has_ignore, ignore)
+                if label == -2:
+                    bad = i * inner + j
+                    break
+                if label == -1:
+                    continue
+                p = prob[i, label, j]
+                loss -= _log(<real>FLT_MIN_ if p < FLT_MIN_ else p)     # std::max(p, FLT_MIN), NaN kept
+                count += 1
+            if bad >= 0:
+                break
+    return loss, count, bad
+
+
+def loss_backward(const real[:, :, ::1] prob, const real[::1] labels, bint has_ignore, int ignore,
+                  real[:, :, ::1] diff):
+    """diff = prob, minus 1 at each position's label, all channels 0 at ignored positions (softmax_loss_layer.cpp's
+    Backward_cpu before its scaling). Labels were checked by loss_forward. Returns the count of positions counted."""
+    _check("diff", diff.shape, prob.shape)
+    cdef Py_ssize_t outer = prob.shape[0], channels = prob.shape[1], inner = prob.shape[2], i, j, c, count = 0
+    cdef int label
+    if labels.shape[0] != outer * inner:
+        raise ValueError("loss_backward: %d labels for %d positions" % (labels.shape[0], outer * inner))
+    with nogil:
+        for i in range(outer):
+            for c in range(channels):
+                for j in range(inner):
+                    diff[i, c, j] = prob[i, c, j]
+            for j in range(inner):
+                label = _label(labels[i * inner + j], channels, has_ignore, ignore)
+                if label >= 0:
+                    diff[i, label, j] -= 1
+                    count += 1
+                else:
+                    for c in range(channels):
+                        diff[i, c, j] = 0
+    return count

@@ -19,7 +19,6 @@ from .softmax import SOFTMAX_FLOPS_PER_ELEMENT, gpu_forward as softmax_gpu_forwa
 
 LossParameter = caffe_pb2.LossParameter
 
-FLT_MIN = np.finfo(np.float32).tiny   # softmax_loss_layer.cpp clamps the probability at FLT_MIN before the log
 LOG_THRESHOLD = 1e-20                 # loss_layer.hpp kLOG_THRESHOLD (MultinomialLogistic and Infogain losses)
 
 
@@ -161,23 +160,21 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
             top[1].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        prob = self.softmax_forward(bottom, top)
-        labels, valid = self.labels(bottom)
-        picked = np.take_along_axis(prob, labels[:, None, :], axis=1)[:, 0, :]
-        loss = -np.log(np.maximum(picked, prob.dtype.type(FLT_MIN)))[valid].sum(dtype=prob.dtype)
-        n = normalizer(self.normalization, self.outer_num, self.inner_num, int(valid.sum()))
-        top[0].data[...] = loss / prob.dtype.type(n)
+        self.softmax_forward(bottom, top)
+        loss, count, bad = softmax.loss_forward(self._prob, bottom[1].data, self.axis, self.ignore_label)
+        if bad >= 0:
+            self.labels(bottom)      # raises the error that names the label
+        n = normalizer(self.normalization, self.outer_num, self.inner_num, count)
+        top[0].data[...] = loss / self._prob.dtype.type(n)
 
     def backward(self, top, propagate_down, bottom):
         self.no_backward_into(propagate_down, 1)
         if not propagate_down[0]:
             return
-        labels, valid = self.labels(bottom)
-        diff = bottom[0].diff.reshape(self.outer_num, -1, self.inner_num)
-        np.copyto(diff, self._prob.reshape(diff.shape))
-        i, j = np.nonzero(valid)
-        diff[i, labels[i, j], j] -= 1
-        self.scaled_diff(top, valid, diff)
+        diff = bottom[0].diff
+        count = softmax.loss_backward(self._prob, bottom[1].data, self.axis, self.ignore_label, diff)
+        n = normalizer(self.normalization, self.outer_num, self.inner_num, count)
+        diff *= self.loss_weight(top) / diff.dtype.type(n)
 
     # GPU, as softmax_loss_layer.cu: per-position loss and count arrays reduced with asum on the device; only the
     # loss (and, for VALID with ignore_label, the valid count) comes to the host.

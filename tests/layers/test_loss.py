@@ -99,6 +99,22 @@ def test_softmax_loss_clamps_tiny_probabilities_at_flt_min():
     np.testing.assert_allclose(top[0].data, -np.log(FLT_MIN), rtol=1e-6)
 
 
+@pytest.mark.parametrize("bad,shown", [(5.0, "5"), (-2.0, "-2"), (7.9, "7"), (1e10, "10000000000")])
+@pytest.mark.parametrize("ignore", [None, 3])
+def test_softmax_loss_names_a_label_outside_the_classes(bad, shown, ignore):
+    x, y = np.zeros((4, 5)), np.array([0.0, 4.9, bad, 1.0])    # 4.9 is class 4: labels are truncated
+    text = 'type: "SoftmaxWithLoss"' + ('' if ignore is None else ' loss_param { ignore_label: %d }' % ignore)
+    with pytest.raises(NetError, match=r"label %s at position 2 is outside \[0, 5\)" % shown):
+        forward(text, [x, y])
+
+
+def test_softmax_loss_keeps_a_nan_probability():
+    # Caffe's std::max(prob, FLT_MIN) keeps a NaN (the comparison is false), so the loss is NaN, not -log(FLT_MIN)
+    x, y = np.array([[np.nan, 0.0]]), np.array([0.0])
+    _, _, top = forward('type: "SoftmaxWithLoss"', [x, y])
+    assert np.isnan(top[0].data)
+
+
 def test_softmax_loss_ignore_each_label_in_turn():
     # Caffe's TestForwardIgnoreLabel: ignoring each of the 5 labels in turn counts every position 4 times.
     rng = np.random.default_rng(5)
