@@ -5,23 +5,54 @@ same float32 operations in the same order (built with -ffp-contract=off: no FMA)
 """
 
 
-def sgd_step(const float[::1] data, float[::1] diff, float[::1] history, float decay, float rate, float momentum):
+cdef extern from *:
+    """
+    /* One loop per case, over restrict pointers, so that gcc vectorizes it (the operations stay the same: no
+       FMA under -ffp-contract=off). data may be `applied` (the same array): it is read before it is written. */
+    static void pcd_sgd_step(const float* data, float* restrict diff, float* restrict history, float* applied,
+                             long n, float decay, float rate, float momentum) {
+        if (decay != 0 && applied) {
+            for (long i = 0; i < n; i++) {
+                float h = history[i] * momentum + rate * (diff[i] + decay * data[i]);
+                history[i] = h; diff[i] = h; applied[i] = data[i] - h;
+            }
+        } else if (decay != 0) {
+            for (long i = 0; i < n; i++) {
+                float h = history[i] * momentum + rate * (diff[i] + decay * data[i]);
+                history[i] = h; diff[i] = h;
+            }
+        } else if (applied) {
+            for (long i = 0; i < n; i++) {
+                float h = history[i] * momentum + rate * diff[i];
+                history[i] = h; diff[i] = h; applied[i] = data[i] - h;
+            }
+        } else {
+            for (long i = 0; i < n; i++) {
+                float h = history[i] * momentum + rate * diff[i];
+                history[i] = h; diff[i] = h;
+            }
+        }
+    }
+    """
+    void pcd_sgd_step(const float* data, float* diff, float* history, float* applied, long n, float decay,
+                      float rate, float momentum) nogil
+
+
+def sgd_step(const float[::1] data, float[::1] diff, float[::1] history, float decay, float rate, float momentum,
+             float[::1] applied=None):
     """diff += decay * data (skipped when decay is 0, as Caffe's Regularize); history = momentum * history +
-    rate * diff; diff = history."""
-    cdef Py_ssize_t i, n = diff.shape[0]
-    cdef float d, h
-    if data.shape[0] != n or history.shape[0] != n:
+    rate * diff; diff = history. applied: data itself, or None; where given, Net::Update (data -= diff) is done in
+    the same pass."""
+    cdef Py_ssize_t n = diff.shape[0]
+    if data.shape[0] != n or history.shape[0] != n or (applied is not None and applied.shape[0] != n):
         raise ValueError("sgd_step: data, diff and history sizes %d, %d, %d differ"
                          % (data.shape[0], n, history.shape[0]))
+    if n == 0:
+        return
+    if applied is not None and &applied[0] != &data[0]:
+        raise ValueError("sgd_step: `applied` must be `data` itself")
+    if &diff[0] == &history[0] or &diff[0] == &data[0] or &history[0] == &data[0]:
+        raise ValueError("sgd_step: data, diff and history must be separate arrays")
     with nogil:
-        if decay != 0:
-            for i in range(n):
-                d = diff[i] + decay * data[i]
-                h = history[i] * momentum + rate * d
-                history[i] = h
-                diff[i] = h
-        else:
-            for i in range(n):
-                h = history[i] * momentum + rate * diff[i]
-                history[i] = h
-                diff[i] = h
+        pcd_sgd_step(&data[0], &diff[0], &history[0], &applied[0] if applied is not None else NULL, n, decay,
+                     rate, momentum)

@@ -282,7 +282,7 @@ class Solver:
         else:
             result = updates.compute_steps(p, [b.data for b in params], [b.diff for b in params],
                                            self.net.params_lr, self.net.params_weight_decay, self.history,
-                                           self.iter, self.current_step, self.source)
+                                           self.iter, self.current_step, self.source, apply=True)
         self.rate, self.current_step = result["rate"], result["current_step"]
         if p.lr_policy == "multistep" and self.current_step != before:
             log.info("MultiStep Status: Iteration %d, step = %d", self.iter, self.current_step)
@@ -293,8 +293,6 @@ class Solver:
                      _fmt(result["clip_norm"]), _fmt(f32(p.clip_gradients)), _fmt(result["clip_scale"]))
         if gpu:
             updates_gpu.apply_steps(params)
-        else:
-            updates.apply_steps([b.data for b in params], [b.diff for b in params])
         self.iter += 1
 
     def solve(self, resume_file=None):

@@ -180,9 +180,11 @@ def new_history(param, shapes):
 
 
 def compute_steps(param, datas, diffs, lr_mults, decay_mults, history, iteration, current_step=0,
-                  source="solver"):
+                  source="solver", apply=False):
     """SGDSolver::ApplyUpdate up to, not including, Net::Update: learning rate, gradient clipping, then for each
     parameter Normalize, Regularize and ComputeUpdateValue. `diffs` are turned into the steps in place.
+    apply: also Net::Update each parameter (data -= step) right after its step, in the same pass where the step
+    is fused; the same as apply_steps afterwards, as a step reads only its own parameter's data and diff.
 
     Returns a dict: rate (float32), current_step, clip_norm and clip_scale (None when not clipped)."""
     rate, current_step = lr_policy.learning_rate(param, iteration, current_step, source)
@@ -194,10 +196,12 @@ def compute_steps(param, datas, diffs, lr_mults, decay_mults, history, iteration
             # the common case in one pass (csrc/updates.pyx): regularize and sgd below, to the same bits
             _fused.sgd_step(data.reshape(-1), diff.reshape(-1), history[i].reshape(-1),
                             f32(param.weight_decay) * f32(decay_mults[i]), rate * f32(lr_mults[i]),
-                            f32(param.momentum))
+                            f32(param.momentum), data.reshape(-1) if apply else None)
             continue
         regularize(data, diff, param.weight_decay, decay_mults[i], param.regularization_type, source)
         compute_update_value(param, diff, history, i, len(diffs), rate * f32(lr_mults[i]), iteration)
+        if apply:
+            data -= diff
     return {"rate": rate, "current_step": current_step, "clip_norm": norm, "clip_scale": scale}
 
 

@@ -152,6 +152,34 @@ def test_sgd_in_one_pass_gives_the_numpy_functions_bits(weight_decay, decay_mult
     np.testing.assert_array_equal(history[0], want_h)
 
 
+@pytest.mark.parametrize("kind, regularization", [("SGD", "L2"), ("SGD", "L1"), ("Adam", "L2")])
+def test_applying_each_step_at_once_is_applying_them_after(kind, regularization):
+    # apply=True (the solver's path: csrc/updates.pyx applies fused SGD steps in their pass) gives the bits of
+    # compute_steps then apply_steps, for the fused rule and the others.
+    p = solver_param(type=kind, momentum=0.9, weight_decay=0.004, regularization_type=regularization,
+                     clip_gradients=5.0)
+    shapes = [(30, 7), (7,)]
+    w = [RNG.standard_normal(s).astype(np.float32) for s in shapes]
+    g = [RNG.standard_normal(s).astype(np.float32) for s in shapes]
+    args = ([1.0, 2.0], [1.0, 0.0])
+    history_after = [h + 0.1 for h in updates.new_history(p, shapes)]
+    history_at_once = [h.copy() for h in history_after]
+    w_after, g_after = [x.copy() for x in w], [x.copy() for x in g]
+    updates.compute_steps(p, w_after, g_after, *args, history_after, iteration=3)
+    updates.apply_steps(w_after, g_after)
+    updates.compute_steps(p, w, g, *args, history_at_once, iteration=3, apply=True)
+    for got, want in zip(w + g + history_at_once, w_after + g_after + history_after):
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(w_after[0], w_after[0] + g_after[0])     # the steps are not zero
+
+
+def test_the_fused_step_applies_only_to_its_own_data():
+    from pycaffe_dist._kernels import updates as kernel
+    w, g, h = (np.ones(4, np.float32) for _ in range(3))
+    with pytest.raises(ValueError, match="must be `data` itself"):
+        kernel.sgd_step(w, g, h, 0.0, 0.1, 0.9, w.copy())
+
+
 def test_history_layout_is_caffes():
     shapes = [(2, 3), (3,)]
     for kind, sets in (("SGD", 1), ("AdaGrad", 1), ("AdaDelta", 2), ("Adam", 2)):
