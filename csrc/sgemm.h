@@ -234,14 +234,16 @@ static inline __attribute__((always_inline)) void pcd_tile_rows(const int rows, 
     if (rows > 5) pcd_store_row(c, i0 + 5, col, n, kind, add, bias, c50, c51);
 }
 
-static __attribute__((noinline)) void pcd_tile_few(int kc, const float* a, const float* b, pcd_result c, int i0,
-                                                   int j0, int m, int n, int kind, int first, int last) {
+/* c by address: a 40-byte struct passed by value was copied to the stack at every call, and the copy's loads
+   stalled on the stores just made (store-to-load forwarding fails across their sizes): 4 % of a GEMM's time. */
+static __attribute__((noinline)) void pcd_tile_few(int kc, const float* a, const float* b, const pcd_result* c,
+                                                   int i0, int j0, int m, int n, int kind, int first, int last) {
     switch (m) {
-    case 1: pcd_tile_rows(1, kc, a, b, c, i0, j0, n, kind, first, last); break;
-    case 2: pcd_tile_rows(2, kc, a, b, c, i0, j0, n, kind, first, last); break;
-    case 3: pcd_tile_rows(3, kc, a, b, c, i0, j0, n, kind, first, last); break;
-    case 4: pcd_tile_rows(4, kc, a, b, c, i0, j0, n, kind, first, last); break;
-    default: pcd_tile_rows(5, kc, a, b, c, i0, j0, n, kind, first, last); break;
+    case 1: pcd_tile_rows(1, kc, a, b, *c, i0, j0, n, kind, first, last); break;
+    case 2: pcd_tile_rows(2, kc, a, b, *c, i0, j0, n, kind, first, last); break;
+    case 3: pcd_tile_rows(3, kc, a, b, *c, i0, j0, n, kind, first, last); break;
+    case 4: pcd_tile_rows(4, kc, a, b, *c, i0, j0, n, kind, first, last); break;
+    default: pcd_tile_rows(5, kc, a, b, *c, i0, j0, n, kind, first, last); break;
     }
 }
 
@@ -253,7 +255,7 @@ static inline __attribute__((always_inline)) void pcd_tile(int kc, const float* 
         pcd_tile_rows(PCD_MR, kc, a, b, c, i0, j0, n, kind, first, last);
         return;
     }
-    pcd_tile_few(kc, a, b, c, i0, j0, m, n, kind, first, last);
+    pcd_tile_few(kc, a, b, &c, i0, j0, m, n, kind, first, last);
 }
 
 /* The floats pcd_pack_a_all writes for an m x k A. */
