@@ -120,8 +120,12 @@ class RecordSource:
         return self._cycle(self._first(skip, shard, num_shards), shard, num_shards, len(self))
 
     def batches(self, batch_size, skip=0, shard=0, num_shards=1):
-        """Endless lists of `batch_size` (key, value) records, in cycle()'s order."""
-        cursor = self.cycle(skip, shard, num_shards)
+        """Endless lists of `batch_size` (key, value) records, in cycle()'s order. The store is checked here, in
+        the caller's thread (a data layer's setup), not at the first batch."""
+        return self._batches(self.cycle(skip, shard, num_shards), batch_size)
+
+    @staticmethod
+    def _batches(cursor, batch_size):
         while True:
             batch = []
             for i in range(batch_size):
@@ -357,12 +361,16 @@ class DatumFileSource(RecordSource):
         (csrc/datum.pyx) with the checks _read_record makes; where one fails, record by record for its message."""
         position = self._first(skip, shard, num_shards)
         offsets = self.offsets()
+        return self._run_batches(offsets, position, batch_size, shard, num_shards)
+
+    def _run_batches(self, offsets, position, batch_size, shard, num_shards):
         count = len(offsets)
         with self._open() as f:
             file_size = os.fstat(f.fileno()).st_size
             while True:
                 batch = []
                 while len(batch) < batch_size:
+                    # consecutive records up to the batch's end or the file's (a shard's are apart: one each)
                     n = min(batch_size - len(batch), count - position) if num_shards == 1 else 1
                     batch.extend(self._read_run(f, offsets, position, n, file_size))
                     position += n * num_shards
@@ -378,7 +386,7 @@ class DatumFileSource(RecordSource):
         records = _datum.split_records(run, n, DATUMFILE_MAX_BUF) if len(run) == end - begin else None
         if records is not None:
             return records
-        records = []
+        records = []     # a check failed: record by record, for the message that names the bad one
         for position in range(first, first + n):
             offset = int(offsets[position])
             f.seek(offset)
