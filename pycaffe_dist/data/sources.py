@@ -345,13 +345,7 @@ class DatumFileSource(RecordSource):
         with self._open() as f:
             position = start
             while True:
-                offset = int(offsets[position])
-                f.seek(offset)
-                record = self._read_record(f, offset, position)
-                if record is None:
-                    raise DataError("%s: ends before record %d at byte %d; the datumfile changed while read"
-                                    % (self.path, position, offset))
-                yield record
+                yield self._record_at(f, offsets, position)
                 position += step
                 if position >= count:
                     position = shard
@@ -386,16 +380,17 @@ class DatumFileSource(RecordSource):
         records = _datum.split_records(run, n, DATUMFILE_MAX_BUF) if len(run) == end - begin else None
         if records is not None:
             return records
-        records = []     # a check failed: record by record, for the message that names the bad one
-        for position in range(first, first + n):
-            offset = int(offsets[position])
-            f.seek(offset)
-            record = self._read_record(f, offset, position)
-            if record is None:
-                raise DataError("%s: ends before record %d at byte %d; the datumfile changed while read"
-                                % (self.path, position, offset))
-            records.append(record)
-        return records
+        # a check failed: record by record, for the message that names the bad one
+        return [self._record_at(f, offsets, position) for position in range(first, first + n)]
+
+    def _record_at(self, f, offsets, position):
+        offset = int(offsets[position])
+        f.seek(offset)
+        record = self._read_record(f, offset, position)
+        if record is None:
+            raise DataError("%s: ends before record %d at byte %d; the datumfile changed while read"
+                            % (self.path, position, offset))
+        return record
 
     def __len__(self):
         return len(self.offsets())
