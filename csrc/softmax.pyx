@@ -156,6 +156,11 @@ cdef inline int _label(real value, Py_ssize_t channels, bint has_ignore, int ign
     return label if 0 <= label < channels else -2
 
 
+def _check_labels(name, Py_ssize_t labels, Py_ssize_t positions):
+    if labels != positions:
+        raise ValueError("%s: %d labels for %d positions" % (name, labels, positions))
+
+
 def loss_forward(const real[:, :, ::1] prob, const real[::1] labels, bint has_ignore, int ignore):
     """SoftmaxWithLoss's forward sum (softmax_loss_layer.cpp): loss -= log(max(prob[i, label, j], FLT_MIN)) over
     positions i (outer), j (inner) in Caffe's order and precision, skipping ignore_label. Returns (loss, count of
@@ -164,8 +169,7 @@ def loss_forward(const real[:, :, ::1] prob, const real[::1] labels, bint has_ig
     cdef Py_ssize_t count = 0
     cdef real loss = 0, p
     cdef int label
-    if labels.shape[0] != outer * inner:
-        raise ValueError("loss_forward: %d labels for %d positions" % (labels.shape[0], outer * inner))
+    _check_labels("loss_forward", labels.shape[0], outer * inner)
     with nogil:
         for i in range(outer):
             for j in range(inner):
@@ -190,8 +194,7 @@ def loss_backward(const real[:, :, ::1] prob, const real[::1] labels, bint has_i
     _check("diff", diff.shape, prob.shape)
     cdef Py_ssize_t outer = prob.shape[0], channels = prob.shape[1], inner = prob.shape[2], i, j, c, count = 0
     cdef int label
-    if labels.shape[0] != outer * inner:
-        raise ValueError("loss_backward: %d labels for %d positions" % (labels.shape[0], outer * inner))
+    _check_labels("loss_backward", labels.shape[0], outer * inner)
     with nogil:
         for i in range(outer):
             for c in range(channels):

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from pycaffe_dist._kernels import datum as datum_kernel
-from pycaffe_dist.data import sources
 from pycaffe_dist.data.batches import record_batches
 from pycaffe_dist.data.sources import open_records, open_writer
 from pycaffe_dist.data.transform import DataTransformer
@@ -146,4 +145,3 @@ def test_bad_records_in_a_batch_are_named(tmp_path):
     short.data = short.data[:10]
     with pytest.raises(DataError, match=r"record b'00000000': Datum data holds 10 bytes but .* = 60"):
         batches_from(tmp_path, [short, raw_datum(rng)], 2)()
-    assert sources.parse_datum(raw_datum(rng).SerializeToString(), "x").channels == 3
