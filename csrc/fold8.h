@@ -35,6 +35,7 @@ static void pcd_fold8(const float* col, ptrdiff_t ld, float* padded, int channel
         at[kw] = _mm256_and_si256(_mm256_sub_epi32(lane, shift), _mm256_set1_epi32(7));
         low[kw] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(shift, lane));
     }
+    const float* end = padded + (ptrdiff_t)channels * padded_h * padded_w;
     for (int c = 0; c < channels; c++) {
         for (int h = 0; h < padded_h; h++) {
             /* two pairs of sums (even and odd kw): shorter chains of dependent adds */
@@ -61,10 +62,19 @@ static void pcd_fold8(const float* col, ptrdiff_t ld, float* padded, int channel
                     }
                 }
             }
-            float row[16] __attribute__((aligned(32)));
-            _mm256_store_ps(row, _mm256_add_ps(lo0, lo1));
-            _mm256_store_ps(row + 8, _mm256_add_ps(hi0, hi1));
-            memcpy(padded + ((ptrdiff_t)c * padded_h + h) * padded_w, row, (size_t)padded_w * sizeof(float));
+            float* dst = padded + ((ptrdiff_t)c * padded_h + h) * padded_w;
+            if (end - dst >= 16) {
+                /* lanes past padded_w hold zeros and spill onto the rows after this one, which are stored
+                   later (rows go in address order); a copy through a stack buffer instead cost a libc call
+                   and a store-forwarding stall per row */
+                _mm256_storeu_ps(dst, _mm256_add_ps(lo0, lo1));
+                _mm256_storeu_ps(dst + 8, _mm256_add_ps(hi0, hi1));
+            } else {   /* the last rows: nothing past `end` is written */
+                float row[16] __attribute__((aligned(32)));
+                _mm256_store_ps(row, _mm256_add_ps(lo0, lo1));
+                _mm256_store_ps(row + 8, _mm256_add_ps(hi0, hi1));
+                memcpy(dst, row, (size_t)padded_w * sizeof(float));
+            }
         }
     }
 }

@@ -248,14 +248,14 @@ static __attribute__((noinline)) void pcd_tile_few(int kc, const float* a, const
 }
 
 /* A tile of m (1..MR) rows: full tiles inline, the last panel's few rows through a specialised copy. */
-static inline __attribute__((always_inline)) void pcd_tile(int kc, const float* a, const float* b, pcd_result c,
-                                                           int i0, int j0, int m, int n, int kind, int first,
-                                                           int last) {
+static inline __attribute__((always_inline)) void pcd_tile(int kc, const float* a, const float* b,
+                                                           const pcd_result* c, int i0, int j0, int m, int n,
+                                                           int kind, int first, int last) {
     if (m >= PCD_MR) {
-        pcd_tile_rows(PCD_MR, kc, a, b, c, i0, j0, n, kind, first, last);
+        pcd_tile_rows(PCD_MR, kc, a, b, *c, i0, j0, n, kind, first, last);
         return;
     }
-    pcd_tile_few(kc, a, b, &c, i0, j0, m, n, kind, first, last);
+    pcd_tile_few(kc, a, b, c, i0, j0, m, n, kind, first, last);
 }
 
 /* The floats pcd_pack_a_all writes for an m x k A. */
@@ -322,7 +322,7 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
                     pcd_operand sliver = {b.base, b.row + pc, b.col + jc + jr};
                     pcd_pack_b(kc, w, sliver, bpack);
                     for (int ir = 0; ir < m; ir += PCD_MR)
-                        pcd_tile(kc, ablock + ir * kc, bpack, c, ir, jc + jr, m - ir < PCD_MR ? m - ir : PCD_MR, w,
+                        pcd_tile(kc, ablock + ir * kc, bpack, &c, ir, jc + jr, m - ir < PCD_MR ? m - ir : PCD_MR, w,
                                  kinds[jr / PCD_NR], pc == 0, pc + kc == k);
                 }
                 continue;
@@ -334,7 +334,7 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
                 const float* ablock = pcd_a_block(a, &next_a, ic, mc, pc, kc, apack);
                 for (int jr = 0; jr < nc; jr += PCD_NR)
                     for (int ir = 0; ir < mc; ir += PCD_MR)
-                        pcd_tile(kc, ablock + ir * kc, bpack + jr * kc, c, ic + ir, jc + jr,
+                        pcd_tile(kc, ablock + ir * kc, bpack + jr * kc, &c, ic + ir, jc + jr,
                                  mc - ir < PCD_MR ? mc - ir : PCD_MR, nc - jr < PCD_NR ? nc - jr : PCD_NR,
                                  kinds[jr / PCD_NR], pc == 0, pc + kc == k);
             }

@@ -21,6 +21,7 @@ GEOMETRIES = [
     # "same" convolutions: the input diff correlates the padded output diff with the flipped kernel
     ((32, 16, 16), (5, 5), (2, 2), (1, 1), (1, 1), 1, 32),       # CIFAR-10 quick conv2
     ((24, 10, 9), (5, 3), (2, 1), (1, 1), (1, 1), 2, 6),         # rectangular, odd widths, groups
+    ((2, 5, 4), (3, 3), (0, 0), (1, 1), (1, 1), 1, 3),           # rows of 4: shorter than one vector
 ]
 
 
@@ -65,3 +66,20 @@ def test_matches_the_blas_path(threads, num, im_shape, kernel, pad, stride, dila
         engine.output_to_image(w, y, ims_out=dx, dw=dw, ims_in=x)
         for got, want in ((out, want_out), (dw, want_dw), (dx, want_dx)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * (np.abs(want).max() + 1))
+
+
+@pytest.mark.parametrize("im_shape, kernel, pad, stride, dilation, group, out_channels", GEOMETRIES)
+def test_input_diff_writes_nothing_past_the_images(threads, im_shape, kernel, pad, stride, dilation, group,
+                                                   out_channels):
+    # fold8.h stores whole vectors that spill past a row onto the next; not past the last image
+    engine = conv.ConvEngine(im_shape, kernel, pad, stride, dilation, group, out_channels)
+    rng = np.random.default_rng(3)
+    num = 3
+    w = rng.standard_normal((out_channels, im_shape[0] // group) + kernel).astype(np.float32)
+    y = rng.standard_normal((num, out_channels) + engine.out_spatial).astype(np.float32)
+    count = num * int(np.prod(im_shape))
+    for threads_at_work in (1, 2):
+        threads(threads_at_work)
+        buffer = np.full(count + 64, 7.0, np.float32)
+        engine.output_to_image(w, y, ims_out=buffer[:count].reshape((num,) + im_shape))
+        assert (buffer[count:] == 7.0).all()
