@@ -1,43 +1,60 @@
-# The GEMM every CPU kernel calls without the GIL: numpy's ILP64 OpenBLAS through function pointers that
-# pycaffe_dist/backend/blas.py finds (`use_blas`), else scipy's LP64 cython_blas. Included by convgemm.pyx and
-# gemm.pyx after the `real` fused type (each module holds its own pointers: the loader sets both).
+# The GEMM every CPU kernel calls without the GIL: numpy's ILP64 OpenBLAS, else scipy's LP64 cython_blas, both
+# through function pointers that pycaffe_dist/backend/blas.py finds and hands over (`use_blas`) as it loads the
+# module. Not cimported from scipy.linalg.cython_blas: loading the module would import scipy.linalg, 0.3-0.5 s of
+# every process's start. Included by convgemm.pyx and gemm.pyx after the `real` fused type (each module holds
+# its own pointers).
 from libc.stdint cimport int64_t
-from scipy.linalg.cython_blas cimport dgemm, sgemm
 
-# Fortran GEMMs of an ILP64 BLAS (64-bit integers), or NULL for scipy's LP64 cython_blas.
+# Fortran GEMMs of an ILP64 BLAS (64-bit integers), or of an LP64 one (int).
 ctypedef void (*sgemm64_t)(const char*, const char*, const int64_t*, const int64_t*, const int64_t*, const float*,
                            const float*, const int64_t*, const float*, const int64_t*, const float*, float*,
                            const int64_t*) noexcept nogil
 ctypedef void (*dgemm64_t)(const char*, const char*, const int64_t*, const int64_t*, const int64_t*, const double*,
                            const double*, const int64_t*, const double*, const int64_t*, const double*, double*,
                            const int64_t*) noexcept nogil
+ctypedef void (*sgemm32_t)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+                           const int*, const float*, const int*, const float*, float*, const int*) noexcept nogil
+ctypedef void (*dgemm32_t)(const char*, const char*, const int*, const int*, const int*, const double*,
+                           const double*, const int*, const double*, const int*, const double*, double*,
+                           const int*) noexcept nogil
 cdef sgemm64_t _sgemm64 = NULL
 cdef dgemm64_t _dgemm64 = NULL
+cdef sgemm32_t _sgemm32 = NULL
+cdef dgemm32_t _dgemm32 = NULL
 
 
-def use_blas(size_t sgemm64_address, size_t dgemm64_address):
-    """Use these ILP64 Fortran sgemm/dgemm (addresses of e.g. numpy's OpenBLAS `scipy_sgemm_64_`); 0, 0 goes back
-    to scipy's cython_blas."""
-    global _sgemm64, _dgemm64
-    if (sgemm64_address == 0) != (dgemm64_address == 0):
-        raise ValueError("use_blas: give both GEMMs or neither")
-    _sgemm64 = <sgemm64_t>sgemm64_address
-    _dgemm64 = <dgemm64_t>dgemm64_address
+def use_blas(size_t sgemm_address, size_t dgemm_address, bint ilp64):
+    """Use these Fortran sgemm/dgemm: ILP64 (64-bit integers, e.g. numpy's OpenBLAS `scipy_sgemm_64_`) or LP64
+    (scipy.linalg.cython_blas's)."""
+    global _sgemm64, _dgemm64, _sgemm32, _dgemm32
+    if sgemm_address == 0 or dgemm_address == 0:
+        raise ValueError("use_blas: both GEMMs are needed")
+    _sgemm64, _dgemm64, _sgemm32, _dgemm32 = NULL, NULL, NULL, NULL
+    if ilp64:
+        _sgemm64, _dgemm64 = <sgemm64_t>sgemm_address, <dgemm64_t>dgemm_address
+    else:
+        _sgemm32, _dgemm32 = <sgemm32_t>sgemm_address, <dgemm32_t>dgemm_address
+
+
+def blas_in_use():
+    """"ilp64", "lp64", or None before use_blas."""
+    return "ilp64" if _sgemm64 != NULL else ("lp64" if _sgemm32 != NULL else None)
 
 
 cdef void _gemm(char transa, char transb, int m, int n, int k, real alpha, const real* a, int lda,
                 const real* b, int ldb, real beta, real* c, int ldc) noexcept nogil:
+    # (blas.kernel sets the pointers before handing the module out)
     cdef int64_t m64 = m, n64 = n, k64 = k, lda64 = lda, ldb64 = ldb, ldc64 = ldc
     if real is float:
         if _sgemm64 != NULL:
             _sgemm64(&transa, &transb, &m64, &n64, &k64, &alpha, a, &lda64, b, &ldb64, &beta, c, &ldc64)
         else:
-            sgemm(&transa, &transb, &m, &n, &k, &alpha, <float*>a, &lda, <float*>b, &ldb, &beta, c, &ldc)
+            _sgemm32(&transa, &transb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc)
     else:
         if _dgemm64 != NULL:
             _dgemm64(&transa, &transb, &m64, &n64, &k64, &alpha, a, &lda64, b, &ldb64, &beta, c, &ldc64)
         else:
-            dgemm(&transa, &transb, &m, &n, &k, &alpha, <double*>a, &lda, <double*>b, &ldb, &beta, c, &ldc)
+            _dgemm32(&transa, &transb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc)
 
 
 cdef enum:

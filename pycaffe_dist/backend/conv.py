@@ -20,7 +20,7 @@ from ..net.blob import count as _count
 COL_CHUNK_BYTES = 512 << 10   # column buffer per chunk: about L2-sized, so the GEMM reads what im2col wrote from L2
 # float32 2-D convolutions multiply straight from the images (csrc/sgemm.h) where the build has AVX2 and FMA;
 # False sends them through BLAS and unrolled columns too (the tests compare the two). None: decided at the first
-# convolution (loading the kernel imports scipy, which `import pycaffe_dist` must not).
+# convolution (loading the kernel looks up the BLAS, which `import pycaffe_dist` need not).
 use_sgemm = None
 
 

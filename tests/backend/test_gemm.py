@@ -62,3 +62,39 @@ def test_empty_sum_and_bad_shapes():
     np.testing.assert_array_equal(c, 0.0)
     with pytest.raises(ValueError, match=r"gemm: op\(a\) \(3, 5\), op\(b\) \(4, 4\) and c \(3, 4\) do not fit"):
         blas.gemm(False, False, 1.0, np.zeros((3, 5), np.float32), np.zeros((4, 4), np.float32), 0.0, c)
+
+
+@pytest.fixture
+def scipy_blas_in_use():
+    """The GEMM kernel switched to scipy's LP64 BLAS (the fallback where numpy's ILP64 one is not found)."""
+    module = blas.kernel("gemm")
+    before = blas.numpy_blas()
+    module.use_blas(*blas.scipy_blas(), False)
+    yield module
+    if before:
+        module.use_blas(before[1], before[2], True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scipy_fallback_matches_numpy(threads, scipy_blas_in_use, dtype):
+    assert scipy_blas_in_use.blas_in_use() == "lp64"
+    rng = np.random.default_rng(11)
+    a, b, product = _operands(rng, 70, 33, 45, True, False, dtype)
+    threads(2)
+    c = np.empty((70, 33), dtype)
+    blas.gemm(True, False, 1.0, a, b, 0.0, c)
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(c, product, rtol=rtol, atol=rtol * np.abs(product).max())
+
+
+def test_loading_a_kernel_leaves_scipy_alone():
+    # scipy.linalg's import takes 0.3-0.5 s of a process's start: only the fallback may pay it
+    import subprocess
+    import sys
+    code = ("import sys; from pycaffe_dist.backend import blas; blas.kernel('gemm'); blas.kernel('convgemm');"
+            "print(blas.kernel('gemm').blas_in_use(), 'scipy.linalg' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    if out[0] == "ilp64":
+        assert out[1] == "False"
+    with pytest.raises(ValueError, match="both GEMMs"):
+        blas.kernel("gemm").use_blas(0, 0, True)
