@@ -259,9 +259,9 @@ cdef struct Fused:
     const ptrdiff_t* out_row       # output channel m: m * P
     const ptrdiff_t* out_col       # column n: i * out_channels * P + position
     const ptrdiff_t* w_row         # weight row m of a group: m * kg
-    const ptrdiff_t* col_row       # row r of the column buffer: r * chunk * P
+    const ptrdiff_t* col_row       # row r of the column buffer: r * col_ld
     const float* w_packed          # forward: each group's W, packed; backward: each group's W^T (or flipped W)
-    Py_ssize_t w_packed_group, col_ld
+    Py_ssize_t w_packed_group, col_ld   # col_ld: chunk * P (a chunk's columns), or P (one image's at a time)
     int mg, kg, group, out_channels, positions
     # the input diff as a correlation of the padded output diff with the flipped kernel (_dx_direct)
     const ptrdiff_t* dy_row        # row (o, kh, kw): o * Hq * Wq + kh * Wq + kw in the padded output diff
@@ -316,12 +316,12 @@ cdef void _forward_direct(const Fused* f, const float* im, const float* w, const
 
 
 cdef void _fused_columns(const Fused* f, const float* im, const float* y, const float* w, const float* bias,
-                         float* out, float* dw, float* col, Py_ssize_t n_lo, Py_ssize_t n_hi, Py_ssize_t r_lo,
-                         Py_ssize_t r_hi, float* pack) noexcept nogil:
+                         float* out, float* dw, float* col, Py_ssize_t col_first, Py_ssize_t n_lo, Py_ssize_t n_hi,
+                         Py_ssize_t r_lo, Py_ssize_t r_hi, float* pack) noexcept nogil:
     # One chunk's GEMMs on its columns [n_lo, n_hi) (forward, dcol) and dW's columns [r_lo, r_hi) of each group:
     # out = W col (+ bias) if out; dW += y col^T if dw; col buffer = W^T y if col (which _fold sums into the
-    # image diff: summing in the GEMM's stores instead was slower, its overlapping row stores stall). im: the
-    # chunk's (padded) images, y / out: its output-side arrays.
+    # image diff: summing in the GEMM's stores instead was slower, its overlapping row stores stall), its column
+    # 0 holding the chunk's column col_first. im: the chunk's (padded) images, y / out: its output-side arrays.
     cdef int g, mg = f.mg, kg = f.kg
     cdef Py_ssize_t out_group = <Py_ssize_t>mg * f.positions
     for g in range(f.group):
@@ -344,7 +344,7 @@ cdef void _fused_columns(const Fused* f, const float* im, const float* y, const 
         if col != NULL and n_hi > n_lo:
             pcd_sgemm(kg, <int>(n_hi - n_lo), mg, _operand(w, f.iota, f.w_row), f.w_packed + g * f.w_packed_group,
                       _operand(y + g * out_group, f.out_row, f.out_col + n_lo),
-                      _result(col + g * kg * f.col_ld, f.col_row, f.iota + n_lo, NULL, 0), pack)
+                      _result(col + g * kg * f.col_ld, f.col_row, f.iota + (n_lo - col_first), NULL, 0), pack)
 
 
 cdef bint _direct_dx_pays(Fused* f, int* c_im, int* c_col, int* k, int* p, int* s, int* dl):
@@ -397,6 +397,7 @@ cdef dict _tables(int* c_im, int* c_col, int* k, int* p, int* s, int* dl, int gr
          "out_row": np.arange(out_channels, dtype=np.intp) * positions,
          "w_row": np.arange(mg, dtype=np.intp) * kg,
          "col_row": np.arange(max(rows, 1), dtype=np.intp) * ld,
+         "col_row_image": np.arange(max(rows, 1), dtype=np.intp) * positions,
          "iota": np.arange(max(rows, ld, mg) + 1, dtype=np.intp)}
     if direct_dx:
         # the padded output diff's taps and places, the input diff's rows and columns, and the flipped W of a
@@ -448,8 +449,17 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     cdef bint direct_dx = want_im and _direct_dx_pays(&f, c_im, c_col, k, p, s, dl)
     tables = _tables(c_im, c_col, k, p, s, dl, group, out_channels, chunk, direct_dx)
     cdef Py_ssize_t[::1] im_row = tables["im_row"], im_col = tables["im_col"], out_col = tables["out_col"]
-    cdef Py_ssize_t[::1] out_row = tables["out_row"], w_row = tables["w_row"], col_row = tables["col_row"]
+    cdef Py_ssize_t[::1] out_row = tables["out_row"], w_row = tables["w_row"], col_row
     cdef Py_ssize_t[::1] iota = tables["iota"]
+    cdef Py_ssize_t chunks = (num + chunk - 1) // chunk, ci, n0, nb, i, t, lo, hi, r_lo, r_hi
+    cdef bint by_chunks = chunks > 1 or threads == 1
+    # The column buffer (input diff by col2im): where threads take whole chunks, it holds one image's columns at
+    # a time, rows P apart: a chunk's rows chunk * P apart put the rows of one image on a few cache sets (1 KB
+    # apart for LeNet's conv2), which then missed in L1 and L2 for the GEMM's stores and the fold's loads.
+    if by_chunks:
+        col_row, f.col_ld = tables["col_row_image"], positions
+    else:
+        col_row = tables["col_row"]
     f.iota, f.im_row, f.im_col = <ptrdiff_t*>&iota[0], <ptrdiff_t*>&im_row[0], <ptrdiff_t*>&im_col[0]
     f.out_row, f.out_col, f.w_row = <ptrdiff_t*>&out_row[0], <ptrdiff_t*>&out_col[0], <ptrdiff_t*>&w_row[0]
     f.col_row = <ptrdiff_t*>&col_row[0]
@@ -487,13 +497,12 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     cdef const float* b = &bias[0] if bias.shape[0] > 0 else NULL
     cdef float* o = &out[0] if want_out else NULL
     cdef float* dwp = &dw_partials[0] if want_dw else NULL
-    cdef Py_ssize_t chunks = (num + chunk - 1) // chunk, ci, n0, nb, i, t, lo, hi, r_lo, r_hi
     cdef int tid
     cdef const float* im
     cdef const float* dyp
     cdef float* col
     cdef float* fold_pad
-    if chunks > 1 or threads == 1:
+    if by_chunks:
         # threads take whole chunks
         for ci in prange(chunks, nogil=True, schedule="dynamic", num_threads=threads, use_threads_if=threads > 1):
             tid = threadid()
@@ -509,7 +518,7 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                     im = pcd_thread_buffer(1, nb * padded_count)
             _fused_columns(&f, im, y + n0 * out_count if y != NULL else NULL, &w[0], b,
                            o + n0 * out_count if o != NULL else NULL, dwp + tid * w.shape[0] if dwp != NULL else NULL,
-                           NULL, 0, nb * positions, 0, f.kg, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+                           NULL, 0, 0, nb * positions, 0, f.kg, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if direct_dx:
                 dyp = y + n0 * out_count
                 if dy_pad:
@@ -521,9 +530,10 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                 # an image's columns, then its fold, while they are in L2 (a chunk's would not stay there)
                 for i in range(nb):
                     _fused_columns(&f, NULL, y + n0 * out_count, &w[0], NULL, NULL, NULL, col, i * positions,
-                                   (i + 1) * positions, 0, 0, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
-                    _fold(col + i * positions, &im_out[0] + (n0 + i) * im_count, fold_pad, channels, height, width,
-                          ph, pw, k[0], k[1], s[0], s[1], dl[0], dl[1], c_col[1], c_col[2], ld)
+                                   i * positions, (i + 1) * positions, 0, 0,
+                                   pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+                    _fold(col, &im_out[0] + (n0 + i) * im_count, fold_pad, channels, height, width, ph, pw, k[0],
+                          k[1], s[0], s[1], dl[0], dl[1], c_col[1], c_col[2], positions)
         return
     # one chunk (a batch of one, or few large images): the threads split its GEMMs' columns (NR-aligned blocks);
     # dW, whose columns are the weights', is split by those.
@@ -552,11 +562,11 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
             r_lo = (f.kg * t // threads) // PCD_NR * PCD_NR
             r_hi = f.kg if t == threads - 1 else (f.kg * (t + 1) // threads) // PCD_NR * PCD_NR
             if dwp != NULL:
-                _fused_columns(&f, im, y, &w[0], NULL, NULL, dwp, NULL, 0, cols, r_lo, r_hi,
+                _fused_columns(&f, im, y, &w[0], NULL, NULL, dwp, NULL, 0, 0, cols, r_lo, r_hi,
                                pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if o != NULL or (want_im and not direct_dx):
-                _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im and not direct_dx else NULL, lo, hi,
-                               0, 0, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
+                _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im and not direct_dx else NULL, 0, lo,
+                               hi, 0, 0, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if direct_dx:
                 _dx_direct(&f, dyp, &im_out[0], (in_cols * t // threads) // PCD_NR * PCD_NR,
                            in_cols if t == threads - 1 else (in_cols * (t + 1) // threads) // PCD_NR * PCD_NR,
