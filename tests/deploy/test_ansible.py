@@ -103,8 +103,10 @@ def fleet(tmp_path):
     vault_key.write_text(secrets.token_urlsafe(32))
     vars_dir = tmp_path / "group_vars" / "all"
     vars_dir.mkdir(parents=True)
-    encrypted = _run(["ansible-vault", "encrypt_string", "--vault-password-file", vault_key, password,
-                      "--name", "vault_redis_password"], env=_ansible_env())
+    # the password on stdin: as an argument, one starting with "-" (token_urlsafe's alphabet has it) was taken
+    # for an option
+    encrypted = _run(["ansible-vault", "encrypt_string", "--vault-password-file", vault_key,
+                      "--stdin-name", "vault_redis_password"], input=password, env=_ansible_env())
     assert encrypted.returncode == 0, encrypted.stderr
     (vars_dir / "vault.yml").write_text(encrypted.stdout)
     assert password not in (vars_dir / "vault.yml").read_text()
