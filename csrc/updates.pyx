@@ -8,7 +8,7 @@ same float32 operations in the same order (built with -ffp-contract=off: no FMA)
 cdef extern from *:
     """
     /* One loop per case, over restrict pointers, so that gcc vectorizes it (the operations stay the same: no
-       FMA under -ffp-contract=off). data may be `applied` (the same array): it is read before it is written. */
+       FMA under -ffp-contract=off). applied: NULL, or data itself, read before it is written. */
     static void pcd_sgd_step(const float* data, float* restrict diff, float* restrict history, float* applied,
                              long n, float decay, float rate, float momentum) {
         if (decay != 0 && applied) {
@@ -38,21 +38,17 @@ cdef extern from *:
                       float rate, float momentum) nogil
 
 
-def sgd_step(const float[::1] data, float[::1] diff, float[::1] history, float decay, float rate, float momentum,
-             float[::1] applied=None):
+def sgd_step(float[::1] data, float[::1] diff, float[::1] history, float decay, float rate, float momentum,
+             bint apply=False):
     """diff += decay * data (skipped when decay is 0, as Caffe's Regularize); history = momentum * history +
-    rate * diff; diff = history. applied: data itself, or None; where given, Net::Update (data -= diff) is done in
-    the same pass."""
+    rate * diff; diff = history. apply: also Net::Update (data -= diff) in the same pass."""
     cdef Py_ssize_t n = diff.shape[0]
-    if data.shape[0] != n or history.shape[0] != n or (applied is not None and applied.shape[0] != n):
+    if data.shape[0] != n or history.shape[0] != n:
         raise ValueError("sgd_step: data, diff and history sizes %d, %d, %d differ"
                          % (data.shape[0], n, history.shape[0]))
     if n == 0:
         return
-    if applied is not None and &applied[0] != &data[0]:
-        raise ValueError("sgd_step: `applied` must be `data` itself")
     if &diff[0] == &history[0] or &diff[0] == &data[0] or &history[0] == &data[0]:
         raise ValueError("sgd_step: data, diff and history must be separate arrays")
     with nogil:
-        pcd_sgd_step(&data[0], &diff[0], &history[0], &applied[0] if applied is not None else NULL, n, decay,
-                     rate, momentum)
+        pcd_sgd_step(&data[0], &diff[0], &history[0], &data[0] if apply else NULL, n, decay, rate, momentum)

@@ -196,7 +196,7 @@ def compute_steps(param, datas, diffs, lr_mults, decay_mults, history, iteration
             # the common case in one pass (csrc/updates.pyx): regularize and sgd below, to the same bits
             _fused.sgd_step(data.reshape(-1), diff.reshape(-1), history[i].reshape(-1),
                             f32(param.weight_decay) * f32(decay_mults[i]), rate * f32(lr_mults[i]),
-                            f32(param.momentum), data.reshape(-1) if apply else None)
+                            f32(param.momentum), apply)
             continue
         regularize(data, diff, param.weight_decay, decay_mults[i], param.regularization_type, source)
         compute_update_value(param, diff, history, i, len(diffs), rate * f32(lr_mults[i]), iteration)

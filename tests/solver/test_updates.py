@@ -173,11 +173,13 @@ def test_applying_each_step_at_once_is_applying_them_after(kind, regularization)
     assert not np.array_equal(w_after[0], w_after[0] + g_after[0])     # the steps are not zero
 
 
-def test_the_fused_step_applies_only_to_its_own_data():
+def test_the_fused_step_refuses_shared_arrays():
+    # its loops read through restrict pointers: data, diff and history may not be one array
     from pycaffe_dist._kernels import updates as kernel
-    w, g, h = (np.ones(4, np.float32) for _ in range(3))
-    with pytest.raises(ValueError, match="must be `data` itself"):
-        kernel.sgd_step(w, g, h, 0.0, 0.1, 0.9, w.copy())
+    w, h = np.ones(4, np.float32), np.ones(4, np.float32)
+    for data, diff, history in ((w, w, h), (w, h, h), (h, w, h)):
+        with pytest.raises(ValueError, match="must be separate arrays"):
+            kernel.sgd_step(data, diff, history, 0.0, 0.1, 0.9, True)
 
 
 def test_history_layout_is_caffes():
