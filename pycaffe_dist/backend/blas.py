@@ -10,6 +10,8 @@ import functools
 
 import numpy as np
 
+from .. import common
+
 # (sgemm, dgemm) names of an ILP64 Fortran interface: scipy-openblas64's, then plain OpenBLAS ILP64 builds'.
 _GEMM_SYMBOLS = (("scipy_sgemm_64_", "scipy_dgemm_64_"), ("sgemm_64_", "dgemm_64_"))
 
@@ -54,7 +56,6 @@ def kernel(name):
     module = _loaded.get(name)
     if module is None:
         import importlib
-        from .. import common
         module = importlib.import_module("pycaffe_dist._kernels." + name)
         found = numpy_blas()
         if found:
@@ -69,7 +70,6 @@ def kernel(name):
 def gemm(trans_a, trans_b, alpha, a, b, beta, c):
     """c = alpha op(a) op(b) + beta c (row-major 2-D arrays of one dtype, c C-contiguous), split across our
     threads; op(x) = x.T where trans_* is set. Non-contiguous a, b are copied first."""
-    from .. import common
     dtype = c.dtype
     kernel("gemm").gemm(bool(trans_a), bool(trans_b), alpha, np.ascontiguousarray(a, dtype=dtype),
                         np.ascontiguousarray(b, dtype=dtype), beta, c, common.num_threads())

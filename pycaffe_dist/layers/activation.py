@@ -27,6 +27,7 @@ class NeuronLayer(Layer):
     """Caffe's NeuronLayer: exactly 1 bottom and 1 top, top shaped like the bottom (neuron_layer.cpp).
 
     Subclasses give `compute(x, y)` (the forward, y = top data) and `gradient(x, y, dy, dx)` (the bottom diff)."""
+    reshape_from_shapes = True
     exact_num_bottom = 1
     exact_num_top = 1
     flops_per_element = 1        # forward floating-point operations per element (a multiply-add is 2)

@@ -27,6 +27,10 @@ class Layer:
     auto_top_blobs = False       # Caffe's AutoTopBlobs: the net adds anonymous tops up to the minimum
     is_loss = False              # loss layers weigh their first top 1 unless loss_weight says otherwise
     has_backward = True          # False where Caffe's Backward is NOT_IMPLEMENTED or a no-op (data, accuracy, ...)
+    # True where reshape's effect (the tops' shapes, the layer's own state) follows from the shapes of the bottoms
+    # and tops alone: the Net then skips it while those are unchanged. Not so for layers that look at data
+    # (Filter), draw batches, or run user code (Python).
+    reshape_from_shapes = False
     # GPU code, as methods of the same signatures as forward/backward, where a layer has it: they read and write
     # the blobs' device copies (gpu_data, mutable_gpu_diff, ...) through backend.device. None: the Net runs the CPU
     # code on the host copies instead, as Caffe's Layer::Forward_gpu falls back to Forward_cpu.

@@ -267,6 +267,7 @@ class GpuConvEngine:
 
 class _BaseConvolution(Layer):
     """Caffe's BaseConvolutionLayer: N spatial axes after `axis`, weights (out, in / group, *kernel)."""
+    reshape_from_shapes = True
     min_bottom = 1
     min_top = 1
     equal_num_bottom_top = True

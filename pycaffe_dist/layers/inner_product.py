@@ -13,6 +13,7 @@ from .registry import register
 class InnerProductLayer(Layer):
     """top = bottom (flattened from `axis` into K) x W^T + b; top shape = bottom.shape[:axis] + (num_output,).
     Weights (num_output, K), or (K, num_output) with transpose."""
+    reshape_from_shapes = True
     exact_num_bottom = 1
     exact_num_top = 1
 

@@ -23,6 +23,7 @@ LOG_THRESHOLD = 1e-20                 # loss_layer.hpp kLOG_THRESHOLD (Multinomi
 
 
 class LossLayer(Layer):
+    reshape_from_shapes = True
     exact_num_bottom = 2
     exact_num_top = 1
     auto_top_blobs = True
@@ -583,6 +584,7 @@ class AccuracyLayer(Layer):
 
     A position is correct when fewer than top_k scores are >= the true class's score other than itself: ties
     count against it, as in Caffe. Ignored positions count neither way; no valid position gives 0."""
+    reshape_from_shapes = True
     exact_num_bottom = 2
     min_top = 1
     max_top = 2

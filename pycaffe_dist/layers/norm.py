@@ -18,6 +18,7 @@ LEGACY_4D = "Input must have 4 axes, corresponding to (num, channels, height, wi
 @register("LRN")
 class LRNLayer(Layer):
     """Local response normalization; top shaped like the 4-axis bottom."""
+    reshape_from_shapes = True
     exact_num_bottom = 1
     exact_num_top = 1
 

@@ -108,6 +108,7 @@ def gpu_index(owner, name, dev, size):
 class PoolingLayer(Layer):
     """MAX, AVE and STOCHASTIC pooling. Caffe's CPU aborts on STOCHASTIC; we run its GPU kernels' rule on the
     CPU too (TRAIN: sample one input per window in proportion to it; TEST: sum(x^2) / sum(x) per window)."""
+    reshape_from_shapes = True
     exact_num_bottom = 1
     min_top = 1
     index = None   # the windows' chosen positions (MAX with one top, STOCHASTIC TRAIN), shaped like top[0]

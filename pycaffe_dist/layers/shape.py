@@ -55,6 +55,7 @@ def _axis_slices(axis, start, stop):
 class SplitLayer(Layer):
     """Gives its bottom's data to every top (the net inserts these where one blob feeds several layers); the
     bottom's gradient is the sum of the tops' diffs."""
+    reshape_from_shapes = True
     exact_num_bottom = 1
     min_top = 1
 
@@ -96,6 +97,7 @@ class SplitLayer(Layer):
 
 @register("Concat")
 class ConcatLayer(Layer):
+    reshape_from_shapes = True
     min_bottom = 1
     exact_num_top = 1
 
@@ -257,6 +259,7 @@ class SliceLayer(Layer):
 @register("Flatten")
 class FlattenLayer(Layer):
     """Collapses axes [axis, end_axis] into one (flatten_layer.cpp)."""
+    reshape_from_shapes = True
     exact_num_bottom = 1
     exact_num_top = 1
 
@@ -432,6 +435,7 @@ class TileLayer(Layer):
 
 @register("Eltwise")
 class EltwiseLayer(Layer):
+    reshape_from_shapes = True
     min_bottom = 2
     exact_num_top = 1
 

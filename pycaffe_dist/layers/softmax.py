@@ -10,6 +10,7 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5   # max, subtract, exp, sum, divide
 @register("Softmax")
 class SoftmaxLayer(Layer):
     """y = exp(x - max) / sum(exp(x - max)) over softmax_param.axis; in place allowed, as in Caffe."""
+    reshape_from_shapes = True
     exact_num_bottom = 1
     exact_num_top = 1
 

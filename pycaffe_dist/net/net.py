@@ -50,6 +50,7 @@ class Net:
         self._has_lr, self._has_decay = [], []
         self._blob_index = {}
         self._build()
+        self._reshaped = [None] * len(self.layers)       # per layer: the shapes around its last reshape
         if fill_params:
             # Run the fillers now, in layer order as Caffe does, so that a seeded net is reproducible.
             for layer in self.layers:
@@ -232,6 +233,18 @@ class Net:
     def _vecs(self, layer_id):
         return ([self._blob_list[i] for i in self.bottom_ids[layer_id]], [self._blob_list[i] for i in self.top_ids[layer_id]])
 
+    def _reshape_layer(self, layer_id, layer, bottom, top):
+        """Caffe's Layer::Forward reshapes first: inputs may change shape. A layer whose reshape depends on shapes
+        alone (Layer.reshape_from_shapes) is skipped while its bottoms and tops keep the shapes its last reshape
+        left: those reshapes cost 10-25 us of Python each, 1 % of a LeNet iteration."""
+        if layer.reshape_from_shapes:
+            shapes = [b.shape for b in bottom] + [t.shape for t in top]
+            if shapes == self._reshaped[layer_id]:
+                return
+        layer.reshape(bottom, top)
+        if layer.reshape_from_shapes:
+            self._reshaped[layer_id] = [b.shape for b in bottom] + [t.shape for t in top]
+
     @property
     def inputs(self):
         return [self.blob_names[i] for i in self.input_ids]
@@ -264,7 +277,7 @@ class Net:
         for layer_id in range(start, end + 1):
             layer = self.layers[layer_id]
             bottom, top = self._vecs(layer_id)
-            layer.reshape(bottom, top)     # Caffe's Layer::Forward reshapes first: inputs may change shape
+            self._reshape_layer(layer_id, layer, bottom, top)
             # A layer without GPU code runs its CPU code on the host copies, as Caffe's Forward_gpu falls back.
             if gpu and layer.forward_gpu is not None:
                 layer.forward_gpu(bottom, top)

@@ -233,3 +233,41 @@ def test_batchnorm_statistics_are_not_learned():
     assert net.params_lr == [0.0, 0.0, 0.0] and net.params_weight_decay == [1.0, 1.0, 1.0]
     bn = net.layer_index("bn")
     assert len(net.layers[bn].param.param) == 3 and not len(net.param.layer[bn].param)
+
+
+def test_forward_skips_reshapes_only_while_shapes_hold(monkeypatch):
+    # Layers whose reshape follows from shapes alone are reshaped again only when a bottom or top changed shape;
+    # a Filter (its top follows the selector's values) is reshaped at every forward, as Caffe does.
+    net = net_from_text("""
+        layer { name: "in" type: "Input" top: "x" top: "sel" input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+        layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+                inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
+        layer { name: "relu" type: "ReLU" bottom: "y" top: "y" }
+        layer { name: "filter" type: "Filter" bottom: "y" bottom: "sel" top: "kept" }
+    """, phase=TEST)
+    calls = []
+    for layer in net.layers:
+        original = layer.reshape
+        monkeypatch.setattr(layer, "reshape", lambda b, t, o=original, n=layer.name: (calls.append(n), o(b, t)))
+    net.blob_by_name("sel").data[...] = [1, 0, 1, 1]
+    net.forward_from_to()
+    assert calls == ["in", "ip", "relu", "filter"] and net.blob_by_name("kept").shape == (3, 2)
+    calls.clear()
+    net.blob_by_name("sel").data[...] = [0, 0, 1, 0]
+    net.forward_from_to()
+    assert calls == ["in", "filter"] and net.blob_by_name("kept").shape == (1, 2)
+    # a new batch size reaches every layer; so does a top reshaped from outside
+    calls.clear()
+    net.blob_by_name("x").reshape(6, 3)
+    net.blob_by_name("sel").reshape(6)
+    net.forward_from_to()
+    assert calls == ["in", "ip", "relu", "filter"] and net.blob_by_name("y").shape == (6, 2)
+    calls.clear()
+    net.blob_by_name("y").reshape(1, 12)
+    net.forward_from_to()    # ip's reshape puts y back as relu last saw it
+    assert calls == ["in", "ip", "filter"] and net.blob_by_name("y").shape == (6, 2)
+    x = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    net.blob_by_name("x").data[...] = x
+    net.forward_from_to()
+    w, b = (blob.data for blob in net.layers[1].blobs)
+    np.testing.assert_allclose(net.blob_by_name("y").data, np.maximum(x @ w.T + b, 0), rtol=1e-6)
