@@ -117,6 +117,51 @@ cdef extern from *:
         }
     }
 
+    /* 3x3 windows at stride 2 without padding (CIFAR-10's, CaffeNet's and GoogLeNet's MAX pooling), 8 outputs of a
+       row at a time: per input row, its even columns, its odd columns and the even ones shifted by one (the
+       third column of each window) taken apart by shuffles, in Caffe's row-major order and test. Caffe's ceil
+       rounding clips the last window of a row or column; its missing third column is -FLT_MAX here, which never
+       wins (Caffe starts from -FLT_MAX and takes only a strictly greater value). */
+    static void pcd_max3x3s2_plane(const float* x, int height, int width, int pooled_h, int pooled_w, float* y,
+                                   int* mask) {
+        const pcd_i8 even = {PCD_EVEN8};
+        for (int ph = 0; ph < pooled_h; ph++) {
+            int h0 = 2 * ph, h1 = h0 + 3 < height ? h0 + 3 : height;
+            float* yo = y + (size_t)ph * pooled_w;
+            int* mo = mask + (size_t)ph * pooled_w;
+            int pw = 0;
+            for (; pw + 8 <= pooled_w && 2 * pw + 16 <= width; pw += 8) {
+                pcd_f8 best = (pcd_f8){} - FLT_MAX;
+                pcd_i8 arg = (pcd_i8){} - 1;
+                for (int h = h0; h < h1; h++) {
+                    const float* row = x + (size_t)h * width + 2 * pw;
+                    pcd_f8 a = *(const pcd_f8u*)row, b = *(const pcd_f8u*)(row + 8);
+                    pcd_f8 last = (pcd_f8){} + (2 * pw + 16 < width ? row[16] : -FLT_MAX);
+                    pcd_f8 e = __builtin_shufflevector(a, b, PCD_EVEN8);
+                    pcd_i8 at = even + (h * width + 2 * pw);
+                    PCD_TAKE(pcd_f8, pcd_i8, e, at);
+                    PCD_TAKE(pcd_f8, pcd_i8, __builtin_shufflevector(a, b, PCD_ODD8), at + 1);
+                    PCD_TAKE(pcd_f8, pcd_i8, __builtin_shufflevector(e, last, 1, 2, 3, 4, 5, 6, 7, 8), at + 2);
+                }
+                *(pcd_f8u*)(yo + pw) = best;
+                *(pcd_i8u*)(mo + pw) = arg;
+            }
+            for (; pw < pooled_w; pw++) {
+                int w1 = 2 * pw + 3 < width ? 2 * pw + 3 : width;
+                float best = -FLT_MAX;
+                int arg = -1;
+                for (int h = h0; h < h1; h++)
+                    for (int w = 2 * pw; w < w1; w++) {
+                        int i = h * width + w, better = x[i] > best;
+                        arg = better ? i : arg;
+                        best = better ? x[i] : best;
+                    }
+                yo[pw] = best;
+                mo[pw] = arg;
+            }
+        }
+    }
+
     /* Its backward: every input is in exactly one window, so its diff is that window's where the window chose it
        (Caffe zeroes the diff, then adds each output's at its mask: the same values, with no scatter). 4 outputs
        (8 inputs of a row) at a time. */
@@ -148,6 +193,8 @@ cdef extern from *:
     void pcd_max_window8(const float* buf, int width, int hstart, int hend, int wstart, int wend, float* best,
                          int* arg) noexcept nogil
     void pcd_max2x2_plane(const float* x, int width, int pooled_h, int pooled_w, float* y, int* mask) noexcept nogil
+    void pcd_max3x3s2_plane(const float* x, int height, int width, int pooled_h, int pooled_w, float* y,
+                            int* mask) noexcept nogil
     void pcd_max2x2_backward_plane(const float* dy, const int* mask, float* dx, int width, int pooled_h, int pooled_w,
                                    int accumulate) noexcept nogil
 
@@ -190,6 +237,12 @@ cdef inline bint _whole_2x2(const Geometry* g) noexcept nogil:
     """2x2 windows at stride 2, no pad, tiling the plane exactly (pcd_max2x2_plane's case)."""
     return g.kernel_h == 2 and g.kernel_w == 2 and g.stride_h == 2 and g.stride_w == 2 and g.pad_h == 0 and \
         g.pad_w == 0 and g.height == 2 * g.pooled_h and g.width == 2 * g.pooled_w
+
+
+cdef inline bint _unpadded_3x3_stride2(const Geometry* g) noexcept nogil:
+    """3x3 windows at stride 2, no pad (pcd_max3x3s2_plane's case)."""
+    return g.kernel_h == 3 and g.kernel_w == 3 and g.stride_h == 2 and g.stride_w == 2 and g.pad_h == 0 and \
+        g.pad_w == 0
 
 
 # --- blocks of planes, interleaved -----------------------------------------------------------------------------
@@ -280,6 +333,11 @@ def max_forward(const real[:, ::1] x, real[:, ::1] y, int[:, ::1] mask, tuple ge
         with nogil:
             for b in prange(planes, schedule="static"):
                 pcd_max2x2_plane(&x[b, 0], g.width, g.pooled_h, g.pooled_w, &y[b, 0], &mask[b, 0])
+        return
+    if real is float and _unpadded_3x3_stride2(&g):
+        with nogil:
+            for b in prange(planes, schedule="static"):
+                pcd_max3x3s2_plane(&x[b, 0], g.height, g.width, g.pooled_h, g.pooled_w, &y[b, 0], &mask[b, 0])
         return
     cdef real[:, ::1] scratch = _scratch(&g, np.asarray(y).dtype)
     with nogil:

@@ -168,6 +168,29 @@ def test_whole_2x2_windows_match_the_general_loops(accumulate):
     np.testing.assert_array_equal(fast, general)
 
 
+@pytest.mark.parametrize("height, width", [(32, 32), (13, 35), (7, 16), (9, 17), (2, 2), (3, 40), (16, 33)])
+def test_3x3_stride_2_windows_match_the_general_loop(height, width):
+    # float32 3x3 stride-2 MAX windows without padding (CIFAR-10, CaffeNet, GoogLeNet) have their own kernel;
+    # Caffe's ceil rounding clips the last row and column of windows (even sizes), and ties, NaN, -inf and
+    # -FLT_MAX must choose what Caffe's loop chooses.
+    rng = np.random.default_rng(height * 100 + width)
+    x = rng.integers(-2, 3, (2, 3, height, width)).astype(np.float32)
+    for value in (np.nan, -np.inf, -FLT_MAX):
+        x.reshape(-1)[rng.choice(x.size, x.size // 20, replace=False)] = value
+    x[0, 0, :3, :3] = np.nan                                          # a window that chooses nothing
+    kernel, stride, pad = (3, 3), (2, 2), (0, 0)
+    pooled = tuple(-(-(d - 3) // 2) + 1 for d in (height, width))
+    y = np.empty((2, 3) + pooled, np.float32)
+    mask = np.empty(y.shape, np.int32)
+    pooling.max_forward(x, y, mask, kernel, stride, pad)
+    want, positions = np.empty(y.shape, np.float64), np.empty(y.shape, np.int32)
+    pooling.max_forward(x.astype(np.float64), want, positions, kernel, stride, pad)   # float64: the general loop
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(mask, positions)
+    if height >= 3 and width >= 3:
+        assert mask[0, 0, 0, 0] == -1
+
+
 def test_caffe_forward_square_with_mask_top():
     # TestForwardSquare (2 x 2 kernel, stride 1) with the mask as a second top.
     plane = np.array([[1, 2, 5, 2, 3], [9, 4, 1, 4, 8], [1, 2, 5, 2, 3]], np.float32)
