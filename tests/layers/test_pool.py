@@ -175,9 +175,10 @@ def test_3x3_stride_2_windows_match_the_general_loop(height, width):
     # -FLT_MAX must choose what Caffe's loop chooses.
     rng = np.random.default_rng(height * 100 + width)
     x = rng.integers(-2, 3, (2, 3, height, width)).astype(np.float32)
-    for value in (np.nan, -np.inf, -FLT_MAX):
+    for value in (np.nan, -np.inf, -FLT_MAX, -0.0):
         x.reshape(-1)[rng.choice(x.size, x.size // 20, replace=False)] = value
     x[0, 0, :3, :3] = np.nan                                          # a window that chooses nothing
+    x[1, 2] = np.where(x[1, 2] == 0, -0.0, -1)                        # maxima that are -0.0
     kernel, stride, pad = (3, 3), (2, 2), (0, 0)
     pooled = tuple(-(-(d - 3) // 2) + 1 for d in (height, width))
     y = np.empty((2, 3) + pooled, np.float32)
@@ -186,9 +187,63 @@ def test_3x3_stride_2_windows_match_the_general_loop(height, width):
     want, positions = np.empty(y.shape, np.float64), np.empty(y.shape, np.int32)
     pooling.max_forward(x.astype(np.float64), want, positions, kernel, stride, pad)   # float64: the general loop
     np.testing.assert_array_equal(y, want)
+    assert np.array_equal(np.signbit(y), np.signbit(want))
     np.testing.assert_array_equal(mask, positions)
     if height >= 3 and width >= 3:
         assert mask[0, 0, 0, 0] == -1
+    # the backward gathers what the scatter loop adds, in its order (ties of dy sums would show another order)
+    dy = rng.integers(-3, 4, y.shape).astype(np.float32) / np.float32(3)
+    for accumulate in (False, True):
+        start = rng.standard_normal(x.shape).astype(np.float32)
+        start.reshape(-1)[::7] = -0.0
+        fast, general = start.copy(), start.copy()
+        pooling.mask_backward(dy, mask, fast, accumulate, kernel, stride, pad)
+        pooling.mask_backward(dy, mask, general, accumulate)               # no geometry: the scatter loop
+        np.testing.assert_array_equal(fast, general)
+        assert np.array_equal(np.signbit(fast), np.signbit(general))
+
+
+def caffe_ave_3x3_stride_2(x, dy=None, start=None):
+    """Caffe's AVE loops in float32 for 3x3 windows at stride 2 without padding: the forward, or (dy given) the
+    backward added to `start`."""
+    height, width = x.shape[2:]
+    pooled = tuple(-(-(d - 3) // 2) + 1 for d in (height, width))
+    y = np.zeros(x.shape[:2] + pooled, np.float32)
+    dx = None if dy is None else start.copy()
+    for ph in range(pooled[0]):
+        for pw in range(pooled[1]):
+            rows, cols = range(2 * ph, min(2 * ph + 3, height)), range(2 * pw, min(2 * pw + 3, width))
+            size = np.float32(len(rows) * len(cols))
+            share = None if dy is None else dy[:, :, ph, pw] / size
+            for h in rows:
+                for w in cols:
+                    if dy is None:
+                        y[:, :, ph, pw] = y[:, :, ph, pw] + x[:, :, h, w]
+                    else:
+                        dx[:, :, h, w] = dx[:, :, h, w] + share
+            y[:, :, ph, pw] /= size
+    return y if dy is None else dx
+
+
+@pytest.mark.parametrize("height, width", [(16, 16), (8, 8), (13, 35), (9, 17), (2, 2), (3, 40), (16, 33)])
+def test_3x3_stride_2_average_matches_caffe_in_float32(height, width):
+    rng = np.random.default_rng(height * 100 + width)
+    x = rng.standard_normal((2, 3, height, width)).astype(np.float32)
+    x.reshape(-1)[::11] = -0.0
+    kernel, stride, pad = (3, 3), (2, 2), (0, 0)
+    want = caffe_ave_3x3_stride_2(x)
+    y = np.empty(want.shape, np.float32)
+    pooling.ave_forward(x, y, kernel, stride, pad)
+    np.testing.assert_array_equal(y, want)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    for accumulate in (False, True):
+        start = rng.standard_normal(x.shape).astype(np.float32) if accumulate else np.zeros(x.shape, np.float32)
+        start.reshape(-1)[::5] = -0.0
+        dx = start.copy()
+        pooling.ave_backward(dy, dx, kernel, stride, pad, accumulate)
+        want_dx = caffe_ave_3x3_stride_2(x, dy, start if accumulate else np.zeros(x.shape, np.float32))
+        np.testing.assert_array_equal(dx, want_dx)
+        assert np.array_equal(np.signbit(dx), np.signbit(want_dx))
 
 
 def test_caffe_forward_square_with_mask_top():
