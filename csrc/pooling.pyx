@@ -120,11 +120,21 @@ cdef extern from *:
     /* v in every lane (a sum with a zero vector would turn -0.0 into +0.0) */
     static inline pcd_f8 pcd_splat8(float v) { return (pcd_f8){v, v, v, v, v, v, v, v}; }
 
+    /* The three columns of 8 windows at stride 2 in one input row: the row's even columns, its odd ones, and the
+       even ones shifted by one (each window's third column; `fill` for the eighth window's where it lies past the
+       row). */
+    static inline void pcd_3x3s2_columns(const float* row, int third_inside, float fill, pcd_f8* first,
+                                         pcd_f8* second, pcd_f8* third) {
+        pcd_f8 a = *(const pcd_f8u*)row, b = *(const pcd_f8u*)(row + 8);
+        *first = __builtin_shufflevector(a, b, PCD_EVEN8);
+        *second = __builtin_shufflevector(a, b, PCD_ODD8);
+        *third = __builtin_shufflevector(*first, pcd_splat8(third_inside ? row[16] : fill), 1, 2, 3, 4, 5, 6, 7, 8);
+    }
+
     /* 3x3 windows at stride 2 without padding (CIFAR-10's, CaffeNet's and GoogLeNet's MAX pooling), 8 outputs of a
-       row at a time: per input row, its even columns, its odd columns and the even ones shifted by one (the
-       third column of each window) taken apart by shuffles, in Caffe's row-major order and test. Caffe's ceil
-       rounding clips the last window of a row or column; its missing third column is -FLT_MAX here, which never
-       wins (Caffe starts from -FLT_MAX and takes only a strictly greater value). */
+       row at a time, each input row's three columns (pcd_3x3s2_columns) taken in Caffe's row-major order and test.
+       Caffe's ceil rounding clips the last window of a row or column; its missing third column is -FLT_MAX here,
+       which never wins (Caffe starts from -FLT_MAX and takes only a strictly greater value). */
     static void pcd_max3x3s2_plane(const float* x, int height, int width, int pooled_h, int pooled_w, float* y,
                                    int* mask) {
         const pcd_i8 even = {PCD_EVEN8};
@@ -137,14 +147,12 @@ cdef extern from *:
                 pcd_f8 best = (pcd_f8){} - FLT_MAX;
                 pcd_i8 arg = (pcd_i8){} - 1;
                 for (int h = h0; h < h1; h++) {
-                    const float* row = x + (size_t)h * width + 2 * pw;
-                    pcd_f8 a = *(const pcd_f8u*)row, b = *(const pcd_f8u*)(row + 8);
-                    pcd_f8 last = pcd_splat8(2 * pw + 16 < width ? row[16] : -FLT_MAX);
-                    pcd_f8 e = __builtin_shufflevector(a, b, PCD_EVEN8);
+                    pcd_f8 c0, c1, c2;
+                    pcd_3x3s2_columns(x + (size_t)h * width + 2 * pw, 2 * pw + 16 < width, -FLT_MAX, &c0, &c1, &c2);
                     pcd_i8 at = even + (h * width + 2 * pw);
-                    PCD_TAKE(pcd_f8, pcd_i8, e, at);
-                    PCD_TAKE(pcd_f8, pcd_i8, __builtin_shufflevector(a, b, PCD_ODD8), at + 1);
-                    PCD_TAKE(pcd_f8, pcd_i8, __builtin_shufflevector(e, last, 1, 2, 3, 4, 5, 6, 7, 8), at + 2);
+                    PCD_TAKE(pcd_f8, pcd_i8, c0, at);
+                    PCD_TAKE(pcd_f8, pcd_i8, c1, at + 1);
+                    PCD_TAKE(pcd_f8, pcd_i8, c2, at + 2);
                 }
                 *(pcd_f8u*)(yo + pw) = best;
                 *(pcd_i8u*)(mo + pw) = arg;
@@ -176,13 +184,11 @@ cdef extern from *:
                 pcd_f8 total = {};
                 int last_cols = 2 * pw + 16 < width ? 3 : 2;     /* output pw + 7 may lose its third column */
                 for (int h = h0; h < h1; h++) {
-                    const float* row = x + (size_t)h * width + 2 * pw;
-                    pcd_f8 a = *(const pcd_f8u*)row, b = *(const pcd_f8u*)(row + 8);
-                    pcd_f8 last = pcd_splat8(last_cols == 3 ? row[16] : -0.0f);
-                    pcd_f8 e = __builtin_shufflevector(a, b, PCD_EVEN8);
-                    total += e;
-                    total += __builtin_shufflevector(a, b, PCD_ODD8);
-                    total += __builtin_shufflevector(e, last, 1, 2, 3, 4, 5, 6, 7, 8);
+                    pcd_f8 c0, c1, c2;
+                    pcd_3x3s2_columns(x + (size_t)h * width + 2 * pw, last_cols == 3, -0.0f, &c0, &c1, &c2);
+                    total += c0;
+                    total += c1;
+                    total += c2;
                 }
                 int rows = h1 - h0;
                 pcd_f8 size = {3 * rows, 3 * rows, 3 * rows, 3 * rows, 3 * rows, 3 * rows, 3 * rows, last_cols * rows};
