@@ -89,10 +89,38 @@ static inline void pcd_transpose8(__m256* v) {
     v[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-/* A[0:mc, 0:kc] into slivers of MR rows: dst[(i / MR) * MR * kc + p * MR + i % MR], zero past mc. */
+/* How an MC block's mc rows are cut into slivers (the micro-kernel's tiles): MR = 6 rows each, except at the end.
+   A tile of 2 rows (the last of m = 20, 32, 50 or 500) runs its 4 accumulators back to back, bound by the FMA
+   latency (4 cycles on Zen 3) at a full tile's time per step for a third of its work; tiles of 4 or 5 rows
+   keep both FMA pipes busy. So a remainder of 1, 2 or 3 rows takes rows from the last full slivers:
+   ... 6 | 4 4, ... 6 | 5 4, ... 6 6 | 5 4 4, never more slivers than ceil(mc / 6). */
+typedef struct { int full, tail[3], tails; } pcd_slivers;
+
+static inline pcd_slivers pcd_sliver_plan(int mc) {
+    pcd_slivers s = {mc / PCD_MR, {0, 0, 0}, 0};
+    int r = mc % PCD_MR;
+    if (r == 2 && s.full >= 1) { s.full -= 1; s.tail[0] = 4; s.tail[1] = 4; s.tails = 2; }
+    else if (r == 3 && s.full >= 1) { s.full -= 1; s.tail[0] = 5; s.tail[1] = 4; s.tails = 2; }
+    else if (r == 1 && s.full >= 2) { s.full -= 2; s.tail[0] = 5; s.tail[1] = 4; s.tail[2] = 4; s.tails = 3; }
+    else if (r) { s.tail[0] = r; s.tails = 1; }
+    return s;
+}
+
+/* Sliver q of a plan: its first row (returned) and its rows (*h). */
+static inline int pcd_sliver(const pcd_slivers* s, int q, int* h) {
+    if (q < s->full) { *h = PCD_MR; return q * PCD_MR; }
+    int i0 = s->full * PCD_MR;
+    for (int t = 0; t < q - s->full; t++) i0 += s->tail[t];
+    *h = s->tail[q - s->full];
+    return i0;
+}
+
+/* A[0:mc, 0:kc] into slivers (pcd_sliver_plan), each MR values a step (dst[q * MR * kc + p * MR + i] for row i of
+   sliver q), zero past the sliver's rows. */
 static void pcd_pack_a(int mc, int kc, pcd_operand a, float* dst) {
-    for (int i0 = 0; i0 < mc; i0 += PCD_MR, dst += PCD_MR * kc) {
-        int h = mc - i0 < PCD_MR ? mc - i0 : PCD_MR;
+    pcd_slivers plan = pcd_sliver_plan(mc);
+    for (int q = 0; q < plan.full + plan.tails; q++, dst += PCD_MR * kc) {
+        int h, i0 = pcd_sliver(&plan, q, &h);
         if (pcd_consecutive8_all(a.col, kc)) {
             /* rows that are consecutive in memory (an output diff y as dW's A): 8 values of each row at once, laid
                out by an 8 x 8 transpose; the last p % 8 one by one */
@@ -193,8 +221,8 @@ static inline void pcd_store_row(pcd_result c, int i, const ptrdiff_t* col, int 
 
 /* One tile of `rows` (<= MR) x NR: A sliver (kc) x B sliver (kc), written to C's rows i0.., columns j0.. (n of
    them valid; kind: pcd_run_kind of those columns). first: the first KC block (else C is added to); last: add the
-   bias. Inlined with a constant `rows`, so that a panel of fewer than MR rows (the last of m = 20, 50 or 32) costs
-   FMAs for its rows only. */
+   bias. Inlined with a constant `rows`, so that a sliver of fewer than MR rows (the last ones of m = 20, 50 or
+   32) costs FMAs for its rows only. */
 static inline __attribute__((always_inline)) void pcd_tile_rows(const int rows, int kc, const float* a,
                                                                 const float* b, pcd_result c, int i0, int j0,
                                                                 int n, int kind, int first, int last) {
@@ -247,7 +275,7 @@ static __attribute__((noinline)) void pcd_tile_few(int kc, const float* a, const
     }
 }
 
-/* A tile of m (1..MR) rows: full tiles inline, the last panel's few rows through a specialised copy. */
+/* A tile of m (1..MR) rows: full tiles inline, the last slivers' fewer rows through a specialised copy. */
 static inline __attribute__((always_inline)) void pcd_tile(int kc, const float* a, const float* b,
                                                            const pcd_result* c, int i0, int j0, int m, int n,
                                                            int kind, int first, int last) {
@@ -317,13 +345,16 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
                 /* A is one block: each B sliver serves only its MR x NR tiles, so it is packed just before them
                    and used from L1, instead of the whole nc block being packed out to L3 and read back */
                 const float* ablock = pcd_a_block(a, &next_a, 0, m, pc, kc, apack);
+                pcd_slivers plan = pcd_sliver_plan(m);
                 for (int jr = 0; jr < nc; jr += PCD_NR) {
                     int w = nc - jr < PCD_NR ? nc - jr : PCD_NR;
                     pcd_operand sliver = {b.base, b.row + pc, b.col + jc + jr};
                     pcd_pack_b(kc, w, sliver, bpack);
-                    for (int ir = 0; ir < m; ir += PCD_MR)
-                        pcd_tile(kc, ablock + ir * kc, bpack, &c, ir, jc + jr, m - ir < PCD_MR ? m - ir : PCD_MR, w,
-                                 kinds[jr / PCD_NR], pc == 0, pc + kc == k);
+                    for (int q = 0; q < plan.full + plan.tails; q++) {
+                        int h, ir = pcd_sliver(&plan, q, &h);
+                        pcd_tile(kc, ablock + q * PCD_MR * kc, bpack, &c, ir, jc + jr, h, w, kinds[jr / PCD_NR],
+                                 pc == 0, pc + kc == k);
+                    }
                 }
                 continue;
             }
@@ -332,11 +363,13 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
             for (int ic = 0; ic < m; ic += PCD_MC) {
                 int mc = m - ic < PCD_MC ? m - ic : PCD_MC;
                 const float* ablock = pcd_a_block(a, &next_a, ic, mc, pc, kc, apack);
+                pcd_slivers block_plan = pcd_sliver_plan(mc);
                 for (int jr = 0; jr < nc; jr += PCD_NR)
-                    for (int ir = 0; ir < mc; ir += PCD_MR)
-                        pcd_tile(kc, ablock + ir * kc, bpack + jr * kc, &c, ic + ir, jc + jr,
-                                 mc - ir < PCD_MR ? mc - ir : PCD_MR, nc - jr < PCD_NR ? nc - jr : PCD_NR,
-                                 kinds[jr / PCD_NR], pc == 0, pc + kc == k);
+                    for (int q = 0; q < block_plan.full + block_plan.tails; q++) {
+                        int h, ir = pcd_sliver(&block_plan, q, &h);
+                        pcd_tile(kc, ablock + q * PCD_MR * kc, bpack + jr * kc, &c, ic + ir, jc + jr, h,
+                                 nc - jr < PCD_NR ? nc - jr : PCD_NR, kinds[jr / PCD_NR], pc == 0, pc + kc == k);
+                    }
             }
         }
     }

@@ -68,6 +68,29 @@ def test_matches_the_blas_path(threads, num, im_shape, kernel, pad, stride, dila
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * (np.abs(want).max() + 1))
 
 
+# Row counts of the GEMMs' A (output channels: forward and weight gradient; input channels: the input diff by
+# correlation) that cut into tiles differently (sgemm.h's pcd_sliver_plan): 6s only, a remainder of 1 to 5 rows
+# (4- and 5-row tiles borrowing from full ones, or too few rows to borrow), and more rows than one MC block (144).
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 14, 15, 16, 19, 146, 151])
+def test_every_row_count_tiles_correctly(threads, rows):
+    threads(1)
+    im_shape, kernel, pad = (rows, 4, 9), (3, 3), (1, 1)   # "same": the input diff's GEMM has `rows` rows too
+    engine = conv.ConvEngine(im_shape, kernel, pad, (1, 1), (1, 1), 1, rows)
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((2,) + im_shape).astype(np.float32)
+    w = rng.standard_normal((rows, rows) + kernel).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    y = rng.standard_normal((2, rows) + engine.out_spatial).astype(np.float32)
+    want_out, want_dw, want_dx = _reference(engine, w, x, y, b)
+    out = np.empty(y.shape, np.float32)
+    engine.image_to_output(w, x, out=out, bias=b)
+    dw = np.ones(w.shape, np.float32)
+    dx = np.full(x.shape, np.nan, np.float32)
+    engine.output_to_image(w, y, ims_out=dx, dw=dw, ims_in=x)
+    for got, want in ((out, want_out), (dw, want_dw), (dx, want_dx)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * (np.abs(want).max() + 1))
+
+
 @pytest.mark.parametrize("im_shape, kernel, pad, stride, dilation, group, out_channels", GEOMETRIES)
 def test_input_diff_writes_nothing_past_the_images(threads, im_shape, kernel, pad, stride, dilation, group,
                                                    out_channels):
