@@ -2,17 +2,22 @@
 
 CPU mode measures LeNet and CIFAR-10 quick by default; --gpu measures LeNet, CIFAR-10 quick and AlexNet.
 
-    python bench/nets.py [--iterations 30] [--threads 1,2] [--nets lenet,cifar10_quick] [--plot out.png]
+    python bench/nets.py [--iterations 30] [--rounds 3] [--threads 1,2] [--nets lenet,cifar10_quick]
+                         [--plot out.png]
     python bench/nets.py --gpu [--iterations 30] [--nets lenet,cifar10_quick,alexnet] [--plot out.png]
                          [--gemm-size 8192] [--torch-tf32]
 
 CPU mode. Each measurement runs in its own process (thread settings are fixed at start-up, and peak RSS is per
-process): the same net (bench/nets/*_input.prototxt, TRAIN phase, Input layers with random data and labels), timed
-as the median of `--iterations` forward+backward passes after warm-up passes. PyTorch runs the same layers
-(built from the prototxt) with torch.set_num_threads. The real Caffe's figures on these machines (1 thread,
-from `caffe time`) are quoted for reference: 17.4 ms (LeNet), 162 ms (CIFAR-10 quick).
-Peak RSS is the process's maximum resident set; "+RSS" subtracts what the process held before building the net
-(Python, numpy or torch themselves).
+process): the same net (bench/nets/*_input.prototxt, TRAIN phase, Input layers with random data and labels),
+`--iterations` forward+backward passes timed after warm-up passes. PyTorch runs the same layers (built from the
+prototxt) with torch.set_num_threads. Each setting runs `--rounds` processes of ours and of PyTorch in turns
+(ours, PyTorch, PyTorch, ours, ...), and a time is the median over all of a framework's iterations: these
+shared machines run for seconds at a time up to 1.3x slower (a LeNet iteration 16.6 ms instead of 12.9), and
+one process each could land one framework in a slow spell and the other in a fast one. The real Caffe's figures
+on these machines (1 thread, from `caffe time`) are quoted for reference: 17.4 ms (LeNet), 162 ms (CIFAR-10
+quick). A float32 GEMM through numpy's BLAS on one thread, before and after the nets, says how fast the machine
+ran. Peak RSS is the process's maximum resident set (the largest of the rounds); "+RSS" subtracts what the
+process held before building the net (Python, numpy or torch themselves).
 
 GPU mode (--gpu; needs pycuda, the nvcc-built kernels and PyTorch with CUDA). Nets and batches: LeNet 64,
 CIFAR-10 quick 100, AlexNet 128 (bench/nets/alexnet_input.prototxt: Caffe's bvlc_alexnet train_val with Input
@@ -56,6 +61,7 @@ NETS = {"lenet": (HERE / "nets" / "lenet_input.prototxt", 64),
 CAFFE_MS = {"lenet": 17.4, "cifar10_quick": 162.0}   # caffe time, 1 thread, same machines (issue 3)
 WARMUP = 3
 GEMM_REPS = 10
+CALIBRATION_N = 512
 GEMM_LAYERS = ("Convolution", "Deconvolution", "InnerProduct")   # backward = 2 x forward (see the docstring)
 
 
@@ -75,9 +81,9 @@ def _net_param(net_name):
     return param
 
 
-def _median_ms(step, iterations, sync=None):
-    """Median wall time of `step` after WARMUP calls; with `sync` (asynchronous devices), the device is idle when
-    the clock starts and has finished the step's work when it stops."""
+def _times_ms(step, iterations, sync=None):
+    """Wall times of `iterations` calls of `step` after WARMUP calls; with `sync` (asynchronous devices), the
+    device is idle when the clock starts and has finished the step's work when it stops."""
     for _ in range(WARMUP):
         step()
     times = []
@@ -88,9 +94,17 @@ def _median_ms(step, iterations, sync=None):
         step()
         if sync is not None:
             sync()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return 1000.0 * times[len(times) // 2]
+        times.append(1000.0 * (time.perf_counter() - start))
+    return times
+
+
+def _median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def _median_ms(step, iterations, sync=None):
+    return _median(_times_ms(step, iterations, sync))
 
 
 def _random_inputs(net):
@@ -109,7 +123,7 @@ def run_ours(net_name, threads, iterations):
     base = _peak_rss_mb()
     net = Net(_net_param(net_name), phase=caffe_pb2.TRAIN)
     _random_inputs(net)
-    return _median_ms(net.forward_backward, iterations), base
+    return _times_ms(net.forward_backward, iterations), base
 
 
 def fwd_bwd_flops(net):
@@ -229,7 +243,7 @@ def run_torch(net_name, threads, iterations):
     def step():
         model.zero_grad(set_to_none=False)
         loss_fn(model(x), y).backward()
-    return _median_ms(step, iterations), base
+    return _times_ms(step, iterations), base
 
 
 def _torch_on(device_name, tf32):
@@ -310,10 +324,42 @@ def child(args):
         # pycuda aborts the process at exit when a context is still pushed, as our CudaDevice leaves its primary
         # context: the result is out, so leave without the interpreter's teardown.
         os._exit(0)
+    if args.child == "gemm-cpu":
+        print(json.dumps({"gflops": cpu_gemm_gflops()}))
+        return
     runner = run_ours if args.child == "ours" else run_torch
-    ms, base = runner(args.nets, args.threads_one, args.iterations)
+    times, base = runner(args.nets, args.threads_one, args.iterations)
     peak = _peak_rss_mb()
-    print(json.dumps({"ms": ms, "peak_mb": peak, "extra_mb": peak - base}))
+    print(json.dumps({"times_ms": times, "peak_mb": peak, "extra_mb": peak - base}))
+
+
+def _in_turns(net_name, threads, iterations, rounds, have_torch):
+    """Ours and PyTorch at one setting, `rounds` processes each, taken in turns (ours first in even rounds): the
+    medians of all their iterations, and the larger peak RSS of each."""
+    runs = {"ours": [], "torch": []}
+    for r in range(rounds):
+        order = ("ours", "torch") if r % 2 == 0 else ("torch", "ours")
+        for which in order:
+            if which == "ours" or have_torch:
+                runs[which].append(measure(which, net_name, threads, iterations))
+
+    def pooled(results):
+        if not results:
+            return None
+        return {"ms": _median([t for res in results for t in res["times_ms"]]),
+                "peak_mb": max(res["peak_mb"] for res in results),
+                "extra_mb": max(res["extra_mb"] for res in results)}
+    return pooled(runs["ours"]), pooled(runs["torch"])
+
+
+def cpu_gemm_gflops():
+    """numpy's float32 GEMM of CALIBRATION_N^3 (best of 20) on one thread, in GFLOP/s: how fast this machine is now."""
+    import numpy as np
+    from pycaffe_dist import common
+    common.single_threaded_blas()
+    a = np.random.default_rng(0).standard_normal((CALIBRATION_N, CALIBRATION_N)).astype(np.float32)
+    best = min(_times_ms(lambda: a @ a, 20))
+    return 2.0 * CALIBRATION_N ** 3 / (best * 1e-3) / 1e9
 
 
 def measure(which, net_name, threads, iterations, extra=()):
@@ -343,7 +389,10 @@ def main():
     ap.add_argument("--torch-tf32", action="store_true",
                     help="--gpu: let PyTorch use TF32 (its default for cuDNN convolutions) instead of IEEE float32")
     ap.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)   # cpu: check the torch side here
-    ap.add_argument("--child", choices=["ours", "torch", "gemm-ours", "gemm-torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="CPU mode: processes per framework and setting, taken in turns (default 3; see the docstring)")
+    ap.add_argument("--child", choices=["ours", "torch", "gemm-ours", "gemm-torch", "gemm-cpu"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--threads-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -364,10 +413,10 @@ def main():
               "ours/Caffe", "peak RSS ours MB", "peak RSS torch MB", "+RSS ours", "+RSS torch")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
+    gflops_before = measure("gemm-cpu", "lenet", 1, 0)["gflops"]
     for net_name in args.nets.split(","):
         for threads in [int(t) for t in args.threads.split(",")]:
-            ours = measure("ours", net_name, threads, args.iterations)
-            ref = measure("torch", net_name, threads, args.iterations) if have_torch else None
+            ours, ref = _in_turns(net_name, threads, args.iterations, args.rounds, have_torch)
             caffe = CAFFE_MS.get(net_name) if threads == 1 else None
             row = (net_name, threads, "%.1f" % ours["ms"], "%.1f" % ref["ms"] if ref else "-",
                    "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-", "%.1f" % caffe if caffe else "-",
@@ -376,6 +425,10 @@ def main():
                    "%.0f" % ref["extra_mb"] if ref else "-")
             rows.append((net_name, threads, ours["ms"], ref["ms"] if ref else None))
             print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
+    gflops_after = measure("gemm-cpu", "lenet", 1, 0)["gflops"]
+    print("\nThis machine in the same run: float32 GEMM %d^3 through numpy's BLAS on one thread, %.0f GFLOP/s before "
+          "and %.0f after the nets (issue 3 puts the machines at about 104 GFLOP/s a core)."
+          % (CALIBRATION_N, gflops_before, gflops_after))
     if args.plot:
         plot(rows, args.plot)
 
