@@ -366,7 +366,9 @@ def measure(which, net_name, threads, iterations, extra=()):
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    command = [sys.executable, __file__, "--child", which, "--nets", net_name, "--iterations", str(iterations)]
+    command = [sys.executable, __file__, "--child", which, "--iterations", str(iterations)]
+    if net_name is not None:
+        command += ["--nets", net_name]
     if threads is not None:
         command += ["--threads-one", str(threads)]
     out = subprocess.run(command + list(extra), env=env, capture_output=True, text=True)
@@ -402,6 +404,8 @@ def main():
         return child(args)
     if args.gpu:
         return main_gpu(args)
+    if args.rounds < 1:
+        ap.error("--rounds must be 1 or more, got %d" % args.rounds)
     args.threads = args.threads or "1,2"
     args.nets = args.nets or "lenet,cifar10_quick"
     # Not imported here: Linux carries a parent's peak RSS into the children it starts (fork + exec).
@@ -413,7 +417,7 @@ def main():
               "ours/Caffe", "peak RSS ours MB", "peak RSS torch MB", "+RSS ours", "+RSS torch")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    gflops_before = measure("gemm-cpu", "lenet", 1, 0)["gflops"]
+    gflops_before = measure("gemm-cpu", None, 1, 0)["gflops"]
     for net_name in args.nets.split(","):
         for threads in [int(t) for t in args.threads.split(",")]:
             ours, ref = _in_turns(net_name, threads, args.iterations, args.rounds, have_torch)
@@ -425,7 +429,7 @@ def main():
                    "%.0f" % ref["extra_mb"] if ref else "-")
             rows.append((net_name, threads, ours["ms"], ref["ms"] if ref else None))
             print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
-    gflops_after = measure("gemm-cpu", "lenet", 1, 0)["gflops"]
+    gflops_after = measure("gemm-cpu", None, 1, 0)["gflops"]
     print("\nThis machine in the same run: float32 GEMM %d^3 through numpy's BLAS on one thread, %.0f GFLOP/s before "
           "and %.0f after the nets (issue 3 puts the machines at about 104 GFLOP/s a core)."
           % (CALIBRATION_N, gflops_before, gflops_after))
@@ -445,11 +449,11 @@ def main_gpu(args):
     extra += ["--torch-tf32"] if args.torch_tf32 else []
 
     # Ours first: it says whether there is a GPU at all (a DeviceError's reason), before anything long runs.
-    gemm = measure("gemm-ours", "-", threads, 1, extra)
+    gemm = measure("gemm-ours", None, threads, 1, extra)
     if "error" in gemm:
         raise SystemExit("bench/nets.py --gpu: no GPU: %s" % gemm["error"])
     have_torch = importlib.util.find_spec("torch") is not None
-    torch_gemm = measure("gemm-torch", "-", threads, 1, extra) if have_torch else {"error": "PyTorch is not installed"}
+    torch_gemm = measure("gemm-torch", None, threads, 1, extra) if have_torch else {"error": "PyTorch is not installed"}
     if "error" in torch_gemm:
         print("bench: PyTorch on %s unavailable (%s): its columns stay empty"
               % (args.torch_device, torch_gemm["error"]))
