@@ -286,6 +286,18 @@ static inline __attribute__((always_inline)) void pcd_tile(int kc, const float* 
     pcd_tile_few(kc, a, b, c, i0, j0, m, n, kind, first, last);
 }
 
+/* One packed B sliver (NR columns from j0, n of them valid) against every sliver of a packed A block whose rows
+   start at row i0 of C (plan: pcd_sliver_plan of its rows). */
+static inline __attribute__((always_inline)) void pcd_sliver_tiles(int kc, const float* ablock,
+                                                                   const pcd_slivers* plan, const float* bsliver,
+                                                                   const pcd_result* c, int i0, int j0, int n,
+                                                                   int kind, int first, int last) {
+    for (int q = 0; q < plan->full + plan->tails; q++) {
+        int h, ir = pcd_sliver(plan, q, &h);
+        pcd_tile(kc, ablock + q * PCD_MR * kc, bsliver, c, i0 + ir, j0, h, n, kind, first, last);
+    }
+}
+
 /* The floats pcd_pack_a_all writes for an m x k A. */
 static inline size_t pcd_packed_a_floats(int m, int k) {
     return (size_t)((m + PCD_MR - 1) / PCD_MR * PCD_MR) * (size_t)k;
@@ -350,11 +362,8 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
                     int w = nc - jr < PCD_NR ? nc - jr : PCD_NR;
                     pcd_operand sliver = {b.base, b.row + pc, b.col + jc + jr};
                     pcd_pack_b(kc, w, sliver, bpack);
-                    for (int q = 0; q < plan.full + plan.tails; q++) {
-                        int h, ir = pcd_sliver(&plan, q, &h);
-                        pcd_tile(kc, ablock + q * PCD_MR * kc, bpack, &c, ir, jc + jr, h, w, kinds[jr / PCD_NR],
-                                 pc == 0, pc + kc == k);
-                    }
+                    pcd_sliver_tiles(kc, ablock, &plan, bpack, &c, 0, jc + jr, w, kinds[jr / PCD_NR], pc == 0,
+                                     pc + kc == k);
                 }
                 continue;
             }
@@ -365,11 +374,8 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
                 const float* ablock = pcd_a_block(a, &next_a, ic, mc, pc, kc, apack);
                 pcd_slivers block_plan = pcd_sliver_plan(mc);
                 for (int jr = 0; jr < nc; jr += PCD_NR)
-                    for (int q = 0; q < block_plan.full + block_plan.tails; q++) {
-                        int h, ir = pcd_sliver(&block_plan, q, &h);
-                        pcd_tile(kc, ablock + q * PCD_MR * kc, bpack + jr * kc, &c, ic + ir, jc + jr, h,
-                                 nc - jr < PCD_NR ? nc - jr : PCD_NR, kinds[jr / PCD_NR], pc == 0, pc + kc == k);
-                    }
+                    pcd_sliver_tiles(kc, ablock, &block_plan, bpack + jr * kc, &c, ic, jc + jr,
+                                     nc - jr < PCD_NR ? nc - jr : PCD_NR, kinds[jr / PCD_NR], pc == 0, pc + kc == k);
             }
         }
     }
