@@ -615,16 +615,17 @@ def run(const real[::1] im_in, const real[::1] y_in, const real[::1] w, const re
             (want_dw and dw_partials.shape[0] < min(threads, chunks) * w.shape[0]) or \
             (want_bias and bias.shape[0] != out_channels):
         raise ValueError("convgemm.run: array sizes do not match %d images of %r" % (num, tuple(im_shape)))
-    if num and ((want_dw or want_out) and not want_col or (want_dw or want_im) and not want_y):
-        raise ValueError("convgemm.run: the requested products need im_in / y_in")
-    if num == 0 or rows == 0 or positions == 0:
-        # Empty sums (no channels in the window, or no positions): images get 0, outputs their bias.
+    if num == 0 or rows == 0 or positions == 0 or im_count == 0:
+        # Empty sums (no channels in the window, no positions or an empty image: Caffe's sizes can be 0, and
+        # then the arrays of that side arrive empty): images get 0, outputs their bias, dW nothing.
         if want_im:
             im_out[:] = 0
         if want_out:
             for i in range(out.shape[0]):
                 out[i] = bias[(i // positions) % out_channels] if want_bias else 0
         return
+    if (want_dw or want_out) and not want_col or (want_dw or want_im) and not want_y:
+        raise ValueError("convgemm.run: the requested products need im_in / y_in")
     if real is float:
         if fused and rows2d and PCD_SGEMM:
             _run_fused(im_in, y_in, w, bias, out, im_out, dw_partials, scratch, num, c_im, c_col, k, p, s, dl, group,

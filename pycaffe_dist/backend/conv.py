@@ -42,8 +42,12 @@ def _flat(array, dtype, writable=False):
 class ConvEngine:
     def __init__(self, im_shape, kernel, pad, stride, dilation, group, out_channels, force_nd=False):
         self.im_shape = tuple(int(d) for d in im_shape)              # (C, *spatial) of one image
+        # Caffe's output size truncates towards zero, so a window wider than the padded input still gives one
+        # output, whose taps run past the padded copy the 2-D paths read; Caffe's N-d loops test every tap.
+        spatial = self.im_shape[1:]
+        overhang = any(d + 2 * p < dl * (k - 1) + 1 for d, k, p, dl in zip(spatial, kernel, pad, dilation))
+        self.force_nd = bool(force_nd) or overhang
         self.geometry = (self.im_shape, tuple(kernel), tuple(pad), tuple(stride), tuple(dilation))
-        self.force_nd = bool(force_nd)
         col_shape = _k.col_shape(*self.geometry)
         self.rows = col_shape[0]                                      # C * prod(kernel)
         self.out_spatial = tuple(col_shape[1:])
@@ -52,7 +56,6 @@ class ConvEngine:
         self.out_channels = int(out_channels)
         self._scratch = {}
         # 2-D images are unrolled from a zero-padded copy (one per thread, in the scratch buffer).
-        spatial = self.im_shape[1:]
         self.padded_count = 0
         if len(spatial) == 2 and not self.force_nd:
             self.padded_count = self.im_shape[0] * _count([d + 2 * p for d, p in zip(spatial, pad)])

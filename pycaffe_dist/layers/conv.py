@@ -326,8 +326,16 @@ class _BaseConvolution(Layer):
         key = (im_shape, out_channels)
         if getattr(self, "_engine_key", None) != key:
             self._engine_key = key
-            self.engine = ConvEngine(im_shape, self.kernel, self.pad, self.stride, self.dilation, self.group,
-                                     out_channels, self.force_nd_im2col)
+            self.engine = ConvEngine(*self._engine_geometry(im_shape), self.group, out_channels,
+                                     self.force_nd_im2col)
+
+    def _engine_geometry(self, im_shape):
+        """(image shape, kernel, pad, stride, dilation) for the engines. Caffe also takes a bottom with no
+        spatial axis (a per-group inner product over the channels): for the engines, one position of a 1-wide
+        kernel."""
+        if self.num_spatial_axes:
+            return im_shape, self.kernel, self.pad, self.stride, self.dilation
+        return im_shape + (1,), (1,), (0,), (1,), (1,)
 
     def _images(self, array, channels):
         return array.reshape((self.num, channels) + array.shape[self.channel_axis + 1:])
@@ -380,8 +388,8 @@ class _BaseConvolution(Layer):
         if getattr(self, "_gpu_engine_key", None) != self._engine_key:
             self._gpu_engine_key = self._engine_key
             im_shape, out_channels = self._engine_key
-            self._gpu = GpuConvEngine(im_shape, self.kernel, self.pad, self.stride, self.dilation, self.group,
-                                     out_channels, self.force_nd_im2col)
+            self._gpu = GpuConvEngine(*self._engine_geometry(im_shape), self.group, out_channels,
+                                      self.force_nd_im2col)
         return self._gpu
 
     def forward_gpu(self, bottom, top):

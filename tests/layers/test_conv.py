@@ -132,6 +132,74 @@ def test_float32_and_float64_give_the_same_numbers():
     np.testing.assert_allclose(t32[0].data, t64[0].data, rtol=1e-4, atol=1e-5)
 
 
+def truncated_convolution(x, w, b, stride, pad, dilation):
+    """Caffe's 2-D convolution where the output size truncates towards zero: a window may run past the padded
+    input (one output from a kernel wider than it), and im2col reads zeros there."""
+    n, c, h, wd = x.shape
+    m, _, kh, kw = w.shape
+    ext = [dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1]
+    oh, ow = (int((d + 2 * p - e) / s) + 1 for d, p, e, s in zip((h, wd), pad, ext, stride))
+    xp = np.zeros((n, c, max(h + 2 * pad[0], (oh - 1) * stride[0] + ext[0]),
+                   max(wd + 2 * pad[1], (ow - 1) * stride[1] + ext[1])))
+    xp[:, :, pad[0]:pad[0] + h, pad[1]:pad[1] + wd] = x
+    out = np.zeros((n, m, oh, ow))
+    for i, j in itertools.product(range(oh), range(ow)):
+        rows = slice(i * stride[0], i * stride[0] + ext[0], dilation[0])
+        cols = slice(j * stride[1], j * stride[1] + ext[1], dilation[1])
+        patch = xp[:, :, rows, cols]
+        out[:, :, i, j] = np.einsum("nckl,mckl->nm", patch, w) + b
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("extra,shape,stride,pad,dilation", [
+    ("kernel_size: 3 stride: 2", (2, 3, 2, 2), (2, 2), (0, 0), (1, 1)),       # (2 - 3) / 2 + 1 = 1 in C
+    ("kernel_size: 2 stride: 2", (1, 2, 1, 3), (2, 2), (0, 0), (1, 1)),
+    ("kernel_h: 4 kernel_w: 1 stride: 3 pad_h: 1 pad_w: 0", (2, 2, 1, 4), (3, 3), (1, 0), (1, 1)),
+    ("kernel_size: 2 dilation: 2 stride: 3", (1, 2, 2, 5), (3, 3), (0, 0), (2, 2)),
+])
+def test_a_window_past_the_padded_input_reads_zeros(extra, shape, stride, pad, dilation, dtype):
+    """Caffe's truncating output size lets a kernel wider than the padded input give one output; im2col gives
+    0 for its taps outside the image (the 2-D paths read a padded copy that these taps would overrun)."""
+    x = RNG.standard_normal(shape)
+    layer, bottom, top = GradientChecker.make(layer_param(conv_text(extra=extra)), [x], dtype=dtype)
+    layer.forward(bottom, top)
+    w, b = (blob.data.astype(np.float64) for blob in layer.blobs)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(top[0].data, truncated_convolution(bottom[0].data.astype(np.float64), w, b, stride,
+                                                                  pad, dilation), rtol=tol, atol=tol)
+    if dtype == np.float64:
+        check_layer(conv_text(extra=extra), [x])
+
+
+def test_a_bottom_without_spatial_axes_is_a_grouped_inner_product():
+    """Caffe accepts an (N, C) bottom: no spatial axis, a 1x1 "kernel", a per-group W x + b."""
+    x = RNG.standard_normal((3, 4))
+    text = conv_text(extra="group: 2", num_output=6)
+    layer, bottom, top = GradientChecker.make(layer_param(text), [x])
+    layer.forward(bottom, top)
+    w, b = layer.blobs[0].data, layer.blobs[1].data         # (6, 2): out channels over in channels / group
+    assert top[0].shape == (3, 6) and w.shape == (6, 2)
+    expected = np.concatenate([x[:, :2] @ w[:3].T, x[:, 2:] @ w[3:].T], axis=1) + b
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-12)
+    check_layer(text, [x])
+    check_layer(conv_text("Deconvolution", "group: 2", num_output=6), [x])
+
+
+@pytest.mark.parametrize("kind,extra,shape,top_shape", [
+    ("Convolution", "kernel_size: 3 stride: 2", (2, 3, 1, 5), (2, 4, 0, 2)),     # (1 - 3) / 2 + 1 = 0 in C
+    ("Deconvolution", "kernel_size: 2 pad: 1", (2, 3, 1, 4), (2, 4, 0, 3)),       # (1 - 1) + 2 - 2 = 0
+])
+def test_an_empty_output_map_runs_forward_and_backward(kind, extra, shape, top_shape):
+    layer, bottom, top = GradientChecker.make(layer_param(conv_text(kind, extra)), [RNG.standard_normal(shape)])
+    layer.forward(bottom, top)
+    assert top[0].shape == top_shape
+    bottom[0].diff[...] = 1
+    layer.backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, 0)       # empty sums, as Caffe's GEMMs over 0 columns
+    np.testing.assert_array_equal(layer.blobs[0].diff, 0)
+
+
 def test_an_empty_batch_runs_forward_and_backward():
     gc = GradientChecker()
     layer, bottom, top = gc.make(layer_param(conv_text(extra="kernel_size: 3")), [np.zeros((0, 2, 5, 5))])
