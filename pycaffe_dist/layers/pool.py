@@ -15,16 +15,23 @@ PP = caffe_pb2.PoolingParameter
 LEGACY_4D = "Input must have 4 axes, corresponding to (num, channels, height, width)"
 
 
-def pooled_dim(size, kernel, stride, pad, ceil_mode=True):
+def pooled_dim(size, kernel, stride, pad, ceil_mode=True, clip=None):
     """Caffe's PoolingLayer::Reshape output size along one axis.
 
-    CEIL (the default) or FLOOR of (size + 2 pad - kernel) / stride, plus 1; then, with padding, the last window
-    must start strictly inside the image (not in the padding), otherwise it is clipped."""
+    CEIL (the default) or FLOOR of (size + 2 pad - kernel) / stride, plus 1; then, when the layer pads (clip;
+    by default this axis's pad), the last window must start strictly inside the image (not in the padding),
+    otherwise it is clipped. Caffe clips both axes when either is padded: use pooled_shape."""
     rounded = (math.ceil if ceil_mode else math.floor)((size + 2 * pad - kernel) / float(stride))
     out = int(rounded) + 1
-    if pad and (out - 1) * stride >= size + pad:
+    if (pad if clip is None else clip) and (out - 1) * stride >= size + pad:
         out -= 1
     return out
+
+
+def pooled_shape(sizes, kernel, stride, pad, ceil_mode=True):
+    """pooled_dim over (height, width), clipping both when either axis is padded (`if (pad_h_ || pad_w_)`)."""
+    return tuple(pooled_dim(s, k, st, p, ceil_mode, clip=any(pad))
+                 for s, k, st, p in zip(sizes, kernel, stride, pad))
 
 
 def buffer_like(buffer, shape, dtype):
@@ -164,8 +171,7 @@ class PoolingLayer(Layer):
         self.check(len(shape) == 4, LEGACY_4D)
         if self.global_pooling:
             self.kernel = shape[2:]
-        self.pooled = tuple(pooled_dim(s, k, st, p, self.ceil_mode)
-                            for s, k, st, p in zip(shape[2:], self.kernel, self.stride, self.pad))
+        self.pooled = pooled_shape(shape[2:], self.kernel, self.stride, self.pad, self.ceil_mode)
         if any(self.pad):
             self.check(all((o - 1) * st < s + p for o, st, s, p in zip(self.pooled, self.stride, shape[2:], self.pad)),
                        "the last pooling window starts in the padding")
@@ -262,7 +268,7 @@ class SPPLayer(Layer):
                 self.check(pad[0] < kernel[0] and pad[1] < kernel[1],
                            "pyramid level %d: pad %s must be smaller than the kernel %s (input %dx%d too small for "
                            "%d bins)" % (level, pad, kernel, height, width, 2 ** level))
-            pooled = tuple(pooled_dim(s, k, st, p) for s, k, st, p in zip((height, width), kernel, stride, pad))
+            pooled = pooled_shape((height, width), kernel, stride, pad)
             self.levels.append((kernel, stride, pad, pooled))
         old, self.buffers = self.buffers, []
         for i, (_, _, _, pooled) in enumerate(self.levels):

@@ -76,6 +76,8 @@ GEOMETRIES = [   # kernel, stride, pad, input (num, channels, height, width)
     ((1, 1), (3, 3), (0, 0), (2, 2, 5, 5)),     # stride past the kernel: the last window starts off the image
     ((2, 2), (2, 2), (0, 0), (2, 3, 8, 20)),    # whole 2x2 windows (float32's own kernel): 8 outputs and a tail
     ((2, 2), (2, 2), (0, 0), (1, 4, 24, 24)),   # LeNet's pool1
+    ((1, 2), (2, 2), (0, 1), (1, 2, 8, 8)),     # padded width: Caffe clips the unpadded height too (4 x 5)
+    ((3, 2), (4, 3), (0, 1), (2, 3, 4, 4)),     # the same with ceil windows past the edge (1 x 2)
 ]
 
 

@@ -4,7 +4,7 @@ import pytest
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.io.prototxt import parse_text
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.layers.pool import pooled_dim
+from pycaffe_dist.layers.pool import pooled_dim, pooled_shape
 from pycaffe_dist.net.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.layers.golden_shapes import cases_of, check_case_shapes
@@ -53,6 +53,10 @@ def test_pool_output_shape(text, bottom, out):
 def test_pooled_dim_rule():
     assert pooled_dim(5, 2, 2, 1) == 3 and pooled_dim(5, 2, 2, 0) == 3 and pooled_dim(5, 2, 2, 0, False) == 2
     assert pooled_dim(7, 3, 3, 2) == 3      # ceil(8 / 3) + 1 = 4, (4 - 1) * 3 = 9 >= 7 + 2: clipped
+    # `if (pad_h_ || pad_w_)`: padding on either axis clips both (ceil(7 / 2) + 1 = 5 rows, the last at 8 >= 8)
+    assert pooled_shape((8, 8), (1, 2), (2, 2), (0, 1)) == (4, 5)
+    assert pooled_shape((4, 4), (3, 2), (4, 3), (0, 1)) == (1, 2)
+    assert pooled_shape((8, 8), (1, 2), (2, 2), (0, 0)) == (5, 4)   # no padding: no clipping
 
 
 def test_max_mask_top_and_top_counts():
