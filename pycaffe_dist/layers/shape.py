@@ -6,9 +6,9 @@ kernels of csrc/cuda/shape.cu and math.cu and the device's BLAS; Flatten and Res
 import numpy as np
 
 from ..backend import device
-from ..net.blob import canonical_axis, count
+from ..net.blob import count
 from ..proto import caffe_pb2
-from .base import Layer, device_scratch
+from .base import Layer, checked_axis, device_scratch
 from .registry import register
 
 
@@ -115,7 +115,7 @@ class ConcatLayer(Layer):
             # Caffe casts the uint32 to int; a negative result is refused, as is an axis past the last.
             self.check(axis < num_axes, "concat_dim out of range (%d for %d-axis inputs)" % (axis, num_axes))
         else:
-            axis = canonical_axis(p.axis, num_axes, "concat axis")
+            axis = checked_axis(self, p.axis, num_axes, "concat axis")
         self.axis = axis
         shape = list(bottom[0].shape)
         for i, b in enumerate(bottom[1:], 1):
@@ -188,7 +188,7 @@ class SliceLayer(Layer):
             axis = p.slice_dim
             self.check(axis < len(shape), "slice_dim out of range (%d for a %d-axis input)" % (axis, len(shape)))
         else:
-            axis = canonical_axis(p.axis, len(shape), "slice axis")
+            axis = checked_axis(self, p.axis, len(shape), "slice axis")
         self.axis = axis
         dim = shape[axis]
         if self.slice_points:
@@ -203,8 +203,9 @@ class SliceLayer(Layer):
                            % self.slice_points)
                 sizes.append(point - prev)
                 prev = point
-            # Caffe lets Blob::Reshape / the final count check catch a point past the end; say it plainly.
-            self.check(prev < dim, "slice point %d is past the end of slice axis %d (size %d)" % (prev, axis, dim))
+            # Caffe lets Blob::Reshape (a negative dim) catch a point past the end; say it plainly. A last point
+            # at the end is accepted there, and gives an empty last top.
+            self.check(prev <= dim, "slice point %d is past the end of slice axis %d (size %d)" % (prev, axis, dim))
             sizes.append(dim - prev)
         else:
             self.check(dim % len(top) == 0, "Number of top blobs (%d) should evenly divide input slice axis (%d)"
@@ -269,9 +270,10 @@ class FlattenLayer(Layer):
     def reshape(self, bottom, top):
         p = self.param.flatten_param
         shape = bottom[0].shape
-        start = canonical_axis(p.axis, len(shape), "flatten axis")
-        end = canonical_axis(p.end_axis, len(shape), "flatten end_axis")
-        self.check(start <= end, "flatten end_axis (%d) must not come before axis (%d)" % (end, start))
+        start = checked_axis(self, p.axis, len(shape), "flatten axis")
+        end = checked_axis(self, p.end_axis, len(shape), "flatten end_axis")
+        # Blob::count(start, end + 1) needs start <= end + 1; end_axis = axis - 1 inserts an axis of size 1.
+        self.check(start <= end + 1, "flatten end_axis (%d) must not come before axis - 1 (%d)" % (end, start - 1))
         top[0].reshape(shape[:start] + (count(shape, start, end + 1),) + shape[end + 1:])
 
     def forward(self, bottom, top):
@@ -344,7 +346,7 @@ class CropLayer(Layer):
         p = self.param.crop_param
         shape = list(bottom[0].shape)
         n = len(shape)
-        start = canonical_axis(p.axis, n, "crop axis")
+        start = checked_axis(self, p.axis, n, "crop axis")
         offsets = list(p.offset)
         if len(offsets) > 1:
             self.check(start + len(offsets) == n, "number of crop values specified must be equal to the number of "
@@ -403,7 +405,7 @@ class TileLayer(Layer):
 
     def reshape(self, bottom, top):
         p = self.param.tile_param
-        axis = canonical_axis(p.axis, len(bottom[0].shape), "tile axis")
+        axis = checked_axis(self, p.axis, len(bottom[0].shape), "tile axis")
         self.check(p.HasField("tiles"), "Number of tiles must be specified")
         self.check(p.tiles > 0, "Number of tiles must be positive.")
         shape = list(bottom[0].shape)
@@ -673,7 +675,7 @@ class ArgMaxLayer(Layer):
         self.top_k = p.top_k
         self.check(self.top_k >= 1, "top k must not be less than 1.")
         if p.HasField("axis"):
-            self.axis = canonical_axis(p.axis, len(bottom[0].shape), "argmax axis")
+            self.axis = checked_axis(self, p.axis, len(bottom[0].shape), "argmax axis")
             self.check(self.top_k <= bottom[0].shape[self.axis], "top_k must be less than or equal to the dimension "
                        "of the axis (top_k %d, axis %d of %s)" % (self.top_k, self.axis, bottom[0].shape))
         else:
@@ -735,7 +737,7 @@ class ReductionLayer(Layer):
         self.op, self.coeff = p.operation, p.coeff
 
     def reshape(self, bottom, top):
-        self.axis = canonical_axis(self.param.reduction_param.axis, len(bottom[0].shape), "reduction axis")
+        self.axis = checked_axis(self, self.param.reduction_param.axis, len(bottom[0].shape), "reduction axis")
         top[0].reshape(bottom[0].shape[:self.axis])
         self.dims = (bottom[0].count_range(0, self.axis), bottom[0].count_range(self.axis))
         # reduction_layer.cpp: MEAN scales by coeff / dim, computed once in the blob's precision
@@ -780,7 +782,7 @@ def _check_broadcast(layer, bottom0, param_blob, axis_param, what):
     """Scale/Bias Reshape: the scale/bias blob's shape must equal bottom 0's shape from the axis on
     (scale_layer.cpp, bias_layer.cpp). Returns the canonical axis (0 for a scalar blob, as Caffe)."""
     pshape = param_blob.shape
-    axis = 0 if len(pshape) == 0 else canonical_axis(axis_param, len(bottom0.shape), "%s axis" % what)
+    axis = 0 if len(pshape) == 0 else checked_axis(layer, axis_param, len(bottom0.shape), "%s axis" % what)
     layer.check(len(bottom0.shape) >= axis + len(pshape), "%s blob's shape extends past bottom[0]'s shape when "
                 "applied starting with bottom[0] axis = %d (%s blob %s, bottom %s)"
                 % (what, axis, what, pshape, bottom0.shape))
@@ -828,7 +830,7 @@ def _reduce_outer_inner_gpu(layer, values, dims, out, accumulate):
 
 def _learned_shape(layer, bottom0, axis_param, num_axes, what):
     """Shape of a learned scale/bias blob: bottom 0's axes [axis, axis + num_axes), num_axes -1 = to the end."""
-    axis = canonical_axis(axis_param, len(bottom0.shape), "%s axis" % what)
+    axis = checked_axis(layer, axis_param, len(bottom0.shape), "%s axis" % what)
     layer.check(num_axes >= -1, "num_axes must be non-negative, or -1 to extend to the end of bottom[0]")
     if num_axes >= 0:
         layer.check(len(bottom0.shape) >= axis + num_axes, "%s blob's shape extends past bottom[0]'s shape when "

@@ -78,6 +78,9 @@ def test_concat_errors():
 def test_slice_points_and_even():
     assert tops('type: "Slice" slice_param { slice_point: 1 slice_point: 4 }', (2, 6, 3), ntop=3) == \
         [(2, 1, 3), (2, 3, 3), (2, 2, 3)]
+    # a last point at the end of the axis: Caffe gives an empty last top (Blob::Reshape allows a 0 dim)
+    assert tops('type: "Slice" slice_param { slice_point: 1 slice_point: 4 }', (2, 4, 3), ntop=3) == \
+        [(2, 1, 3), (2, 3, 3), (2, 0, 3)]
     assert tops('type: "Slice" slice_param { axis: 0 }', (6, 2), ntop=3) == [(2, 2)] * 3
     assert tops('type: "Slice" slice_param { slice_dim: 0 slice_point: 2 }', (6, 2), ntop=2) == [(2, 2), (4, 2)]
     assert tops('type: "Slice" slice_param { axis: -1 }', (2, 6), ntop=2) == [(2, 3), (2, 3)]
@@ -88,11 +91,18 @@ def test_slice_errors():
     fails("once per top", 'type: "Slice" slice_param { slice_point: 1 slice_point: 2 }', (2, 6), ntop=2)
     fails("strictly increasing", 'type: "Slice" slice_param { slice_point: 3 slice_point: 2 }', (2, 6), ntop=3)
     fails("strictly increasing", 'type: "Slice" slice_param { slice_point: 0 }', (2, 6), ntop=2)
-    fails("past the end", 'type: "Slice" slice_param { slice_point: 6 }', (2, 6), ntop=2)
+    fails("past the end", 'type: "Slice" slice_param { slice_point: 7 }', (2, 6), ntop=2)
     fails("past the end", 'type: "Slice" slice_param { slice_point: 9 }', (2, 6), ntop=2)
     fails("more tops", 'type: "Slice" slice_param { slice_point: 1 slice_point: 2 }', (2, 2), ntop=3)
     fails("not both", 'type: "Slice" slice_param { axis: 1 slice_dim: 1 }', (2, 6), ntop=2)
     fails("slice_dim out of range", 'type: "Slice" slice_param { slice_dim: 2 }', (2, 6), ntop=2)
+
+
+def test_axis_errors_name_the_layer():
+    fails(r"layer 'l' \(ArgMax\): argmax axis 5 out of range for a blob with 2 axes",
+          'type: "ArgMax" argmax_param { axis: 5 }', (2, 3))
+    fails(r"layer 'l' \(Concat\): concat axis -3 out of range", 'type: "Concat" concat_param { axis: -3 }', (2, 3))
+    fails(r"layer 'l' \(Scale\): scale axis 2 out of range", 'type: "Scale" scale_param { axis: 2 }', (2, 3))
 
 
 # --- Flatten -----------------------------------------------------------------------------------------------
@@ -102,7 +112,9 @@ def test_flatten():
     assert tops('type: "Flatten" flatten_param { axis: 1 end_axis: 2 }', (2, 3, 4, 5)) == [(2, 12, 5)]
     assert tops('type: "Flatten" flatten_param { axis: 0 }', (2, 3)) == [(6,)]
     assert tops('type: "Flatten" flatten_param { axis: 2 end_axis: 2 }', (2, 3, 4)) == [(2, 3, 4)]
-    fails("must not come before", 'type: "Flatten" flatten_param { axis: 2 end_axis: 1 }', (2, 3, 4))
+    # end_axis = axis - 1 flattens nothing: Caffe's count(2, 2) = 1 inserts an axis of size 1
+    assert tops('type: "Flatten" flatten_param { axis: 2 end_axis: 1 }', (2, 3, 4)) == [(2, 3, 1, 4)]
+    fails("must not come before", 'type: "Flatten" flatten_param { axis: 2 end_axis: 0 }', (2, 3, 4))
     fails("out of range", 'type: "Flatten" flatten_param { axis: 3 }', (2, 3, 4))
 
 
