@@ -122,31 +122,32 @@ class DummyDataLayer(Layer):
         p, n = self.param.dummy_data_param, len(top)
         self.check(len(p.data_filler) in (0, 1, n), "number of data fillers must be 0, 1 or equal to the number "
                    "of tops: %d tops vs. %d fillers" % (n, len(p.data_filler)))
-        legacy = [p.num, p.channels, p.height, p.width]
-        num_legacy = sum(len(f) for f in legacy)
-        self.check(not (len(p.shape) and num_legacy), "both shape and legacy fields were specified")
-        self.check(len(p.shape) in (0, 1, n), "number of shape fields must be 0, 1 or equal to the number of tops: "
-                   "%d tops vs. %d shapes" % (n, len(p.shape)))
-        for f in legacy:
-            self.check(len(f) in (0, 1, n), "legacy num/channels/height/width must be given 0, 1 or %d times" % n)
-        self.shapes = []
-        for i in range(n):
-            if len(p.shape):
-                self.shapes.append(_shape_list(p.shape[0 if len(p.shape) == 1 else i]))
-            else:
-                self.shapes.append(tuple(int(f[0 if len(f) == 1 else i]) if len(f) else 0 for f in legacy))
+        # dummy_data_layer.cpp: shapes come from `shape` or from all four legacy fields, each given once or once
+        # per top
+        legacy = [("num", p.num), ("channels", p.channels), ("height", p.height), ("width", p.width)]
+        if any(len(values) for _, values in legacy):
+            self.check(not len(p.shape), "both shape and legacy fields were specified")
+            for name, values in legacy:
+                self.check(len(values) in (1, n), "must specify '%s' once, or once per top blob (%d); specified %d"
+                           % (name, n, len(values)))
+            shapes = [tuple(int(values[0 if len(values) == 1 else i]) for _, values in legacy) for i in range(n)]
+        else:
+            self.check(len(p.shape) in (1, n), "must specify 'shape' once, or once per top blob (%d); specified %d"
+                       % (n, len(p.shape)))
+            shapes = [_shape_list(p.shape[0 if len(p.shape) == 1 else i]) for i in range(n)]
         constant = caffe_pb2.FillerParameter()
         constant.type = "constant"
         self.fillers = [p.data_filler[0 if len(p.data_filler) == 1 else i] if len(p.data_filler) else constant
                         for i in range(n)]
         self.refill = [f.type != "constant" for f in self.fillers]
-        for blob, shape, filler in zip(top, self.shapes, self.fillers):
+        # Caffe fills the constant tops once, here; the others at every forward (and not before).
+        for blob, shape, filler, refill in zip(top, shapes, self.fillers, self.refill):
             blob.reshape(shape)
-            fill(filler, blob)
+            if not refill:
+                fill(filler, blob)
 
     def reshape(self, bottom, top):
-        for blob, shape in zip(top, self.shapes):
-            blob.reshape(shape)
+        pass     # dummy_data_layer.hpp: a data layer has no bottoms, so a top keeps the shape it was given
 
     def forward(self, bottom, top):
         for blob, filler, refill in zip(top, self.fillers, self.refill):

@@ -2,13 +2,22 @@
 
 The user's class gets `param_str` and `phase` attributes and is called as setup(bottom, top), reshape(bottom,
 top), forward(bottom, top) and backward(top, propagate_down, bottom) with our Blob objects, which have the
-pycaffe blob interface (.data, .diff, .reshape(*shape), .count, .num ...). Its `blobs` are its parameters.
+pycaffe blob interface (.data, .diff, .reshape(*shape), .count, .num ...). Its `blobs` are its parameters:
+pycaffe's BlobVec, to which `self.blobs.add_blob(*shape)` in setup adds a learnable blob.
 """
 import importlib
 
 from ..errors import NetError
+from ..net.blob import Blob
 from .base import Layer
 from .registry import register
+
+
+class BlobVec(list):
+    """A Python layer's parameter blobs: a list with pycaffe's add_blob (python/caffe/_caffe.cpp)."""
+
+    def add_blob(self, *shape):
+        self.append(Blob(tuple(int(d) for d in shape)))
 
 
 class UserLayer:
@@ -16,7 +25,7 @@ class UserLayer:
 
     def __init__(self, param=None):
         self.layer_param = param
-        self.blobs = []
+        self.blobs = BlobVec()
 
     def setup(self, bottom, top):
         pass
@@ -48,7 +57,7 @@ class PythonLayer(Layer):
         self.impl = cls(self.param) if issubclass(cls, UserLayer) else cls()
         self.impl.param_str = p.param_str
         self.impl.phase = self.phase
-        self.impl.blobs = self.blobs
+        self.blobs = self.impl.blobs = BlobVec(self.blobs)
         self.impl.setup(bottom, top)
 
     def reshape(self, bottom, top):

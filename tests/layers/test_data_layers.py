@@ -73,14 +73,27 @@ def test_dummy_data_shapes_and_refill():
     """)
     a, b = net.blob_by_name("a"), net.blob_by_name("b")
     assert a.shape == (2, 3) and b.data.tolist() == [7.0] * 4
-    before = a.data.copy()
+    assert not a.data.any()      # Caffe fills only the constant tops at setup; random ones at each forward
     net.forward_from_to()
-    assert not np.array_equal(before, a.data) and b.data.tolist() == [7.0] * 4
+    first = a.data.copy()
+    net.forward_from_to()
+    assert first.any() and not np.array_equal(first, a.data) and b.data.tolist() == [7.0] * 4
+    a.reshape(5, 1)              # dummy_data_layer.hpp: Reshape does nothing, so a user's shape stays
+    net.forward_from_to()
+    assert a.shape == (5, 1) and a.data.all()
     legacy = net_from_text('layer { name: "d" type: "DummyData" top: "x" '
                            'dummy_data_param { num: 2 channels: 3 height: 4 width: 5 } }')
     assert legacy.blob_by_name("x").shape == (2, 3, 4, 5)
     with pytest.raises(NetError, match="both shape and legacy fields"):
         net_from_text('layer { name: "d" type: "DummyData" top: "x" dummy_data_param { num: 2 shape { dim: 1 } } }')
+    # every legacy field once or once per top; without them, a shape once or once per top
+    with pytest.raises(NetError, match="must specify 'height' once, or once per top blob \\(1\\); specified 0"):
+        net_from_text('layer { name: "d" type: "DummyData" top: "x" dummy_data_param { num: 2 channels: 3 } }')
+    with pytest.raises(NetError, match="must specify 'num' once, or once per top blob \\(2\\); specified 3"):
+        net_from_text('layer { name: "d" type: "DummyData" top: "x" top: "y" dummy_data_param { '
+                      'num: 1 num: 2 num: 3 channels: 1 height: 1 width: 1 } }')
+    with pytest.raises(NetError, match="must specify 'shape' once, or once per top blob \\(1\\); specified 0"):
+        net_from_text('layer { name: "d" type: "DummyData" top: "x" dummy_data_param { data_filler { value: 1 } } }')
 
 
 def test_input_shape_count_rule():
@@ -112,6 +125,22 @@ class Doubler(caffe.Layer):
 
     def backward(self, top, propagate_down, bottom):
         bottom[0].diff[...] = self.factor * top[0].diff
+
+
+class Scaler(caffe.Layer):
+    """A learned per-column scale, made as pycaffe layers make their parameters: self.blobs.add_blob."""
+    def setup(self, bottom, top):
+        self.blobs.add_blob(bottom[0].data.shape[1])
+        self.blobs[0].data[...] = 2
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data * self.blobs[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        self.blobs[0].diff[...] += (top[0].diff * bottom[0].data).sum(0)
 '''
 
 
@@ -130,6 +159,19 @@ def test_python_layer_runs_users_class(tmp_path, monkeypatch):
     net.blob_by_name("y").diff[...] = 1
     net.backward_from_to()
     assert net.blob_by_name("x").diff.tolist() == [[3, 3], [3, 3]]
+    learned = net_from_text("""
+        force_backward: true
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "s" type: "Python" bottom: "x" top: "y" python_param { module: "my_layers" layer: "Scaler" } }
+    """)
+    scale, = learned.learnable_params                    # the blob add_blob made is a parameter of the net
+    assert scale.shape == (3,)
+    learned.blob_by_name("x").data[...] = [[1, 2, 3], [4, 5, 6]]
+    learned.forward_from_to()
+    assert learned.blob_by_name("y").data.tolist() == [[2, 4, 6], [8, 10, 12]]
+    learned.blob_by_name("y").diff[...] = 1
+    learned.backward_from_to()
+    assert scale.diff.tolist() == [5, 7, 9]
     with pytest.raises(NetError, match="module 'my_layers' has no class 'Nope'"):
         net_from_text('layer { name: "p" type: "Python" python_param { module: "my_layers" layer: "Nope" } }')
     sys.modules.pop("my_layers", None)
