@@ -12,7 +12,7 @@ from ..backend import device
 from ..errors import NetError
 from .. import common
 from ..net.blob import Blob, canonical_axis
-from ..net.filler import fill
+from ..net.filler import fill, filler_problem
 
 
 class Layer:
@@ -62,7 +62,11 @@ class Layer:
             raise self.error(message)
 
     def make_param(self, shape, filler=None):
-        """A new learnable blob of `shape`, filled by `filler` (a FillerParameter) when its data is first used."""
+        """A new learnable blob of `shape`, filled by `filler` (a FillerParameter) when its data is first used;
+        a filler Caffe would refuse for this shape is refused now, naming the layer."""
+        if filler is not None:
+            problem = filler_problem(filler, shape)
+            self.check(problem is None, problem)
         return Blob(shape, init=None if filler is None else (lambda blob: fill(filler, blob)))
 
     # --- the contract ---------------------------------------------------------------------------------

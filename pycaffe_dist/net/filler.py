@@ -32,13 +32,37 @@ def _variance_n(filler, shape):
     return float(fan_in)
 
 
+def filler_problem(filler, shape):
+    """What Caffe's filler.hpp (and the rng functions it calls) would CHECK-fail on when filling a blob of `shape`
+    with `filler`, as a sentence; None if it fills."""
+    kind, count = filler.type, int(np.prod(shape))
+    if filler.sparse < -1:
+        return "%s filler: sparse must be -1 (off) or at least 0, got %d" % (kind, filler.sparse)
+    if filler.sparse >= 0 and kind != "gaussian":
+        # Caffe CHECKs this in every filler but the gaussian one.
+        return "%s filler: sparse is only supported by the gaussian filler (got sparse: %d)" % (kind, filler.sparse)
+    if count == 0 and kind in ("constant", "uniform", "gaussian", "xavier", "msra"):
+        return "%s filler: cannot fill a blob with no elements (shape %s)" % (kind, tuple(shape))
+    if kind == "uniform" and filler.min > filler.max:
+        return "uniform filler: min (%g) must not be above max (%g)" % (filler.min, filler.max)
+    if kind == "gaussian":
+        if not filler.std > 0:     # caffe_rng_gaussian: CHECK_GT(sigma, 0)
+            return "gaussian filler: std must be positive, got %g" % filler.std
+        if filler.sparse >= 0:
+            if len(shape) < 1:
+                return "sparse gaussian filler needs a blob with at least one axis"
+            if filler.sparse > shape[0]:   # caffe_rng_bernoulli: CHECK_LE(p, 1), p = sparse / num_outputs
+                return ("sparse gaussian filler: sparse (%d) must not exceed the blob's first axis (%d outputs)"
+                        % (filler.sparse, shape[0]))
+    return None
+
+
 def fill(filler, blob):
     """Fill blob.data in place according to a FillerParameter."""
     shape, rng, kind = blob.shape, common.rng(), filler.type
-    if filler.sparse >= 0 and kind != "gaussian":
-        # Caffe CHECKs this in every filler but the gaussian one.
-        raise NetError("%s filler: sparse is only supported by the gaussian filler (got sparse: %d)"
-                       % (kind, filler.sparse))
+    problem = filler_problem(filler, shape)
+    if problem:
+        raise NetError(problem)
     if kind == "constant":
         blob.data[...] = filler.value
     elif kind == "uniform":
@@ -47,8 +71,6 @@ def fill(filler, blob):
         values = rng.normal(filler.mean, filler.std, shape)
         if filler.sparse >= 0:
             # Caffe keeps each weight with probability sparse / num_outputs (num_outputs = shape[0]).
-            if len(shape) < 1:
-                raise NetError("sparse gaussian filler needs a blob with at least one axis")
             keep = rng.random(shape) < filler.sparse / float(shape[0])
             values = values * keep
         blob.data[...] = values

@@ -87,6 +87,32 @@ def test_sparse_is_refused_by_all_fillers_but_gaussian(kind):
         fill(filler(type=kind, sparse=3), Blob((1, 1, 2, 2)))
 
 
+@pytest.mark.parametrize("kw,shape,match", [
+    (dict(type="gaussian", std=0), (2, 3), "std must be positive"),                 # caffe_rng_gaussian
+    (dict(type="gaussian", std=-1), (2, 3), "std must be positive"),
+    (dict(type="gaussian", sparse=5), (2, 100), r"sparse \(5\) must not exceed"),   # bernoulli p > 1
+    (dict(type="gaussian", sparse=1), (), "at least one axis"),
+    (dict(type="gaussian", sparse=-2), (2, 3), "sparse must be -1"),
+    (dict(type="constant", sparse=-5), (2, 3), "sparse must be -1"),
+    (dict(type="uniform", min=1, max=0), (2, 3), r"min \(1\) must not be above max \(0\)"),
+    (dict(type="xavier"), (3, 0), "no elements"),                                  # CHECK(count)
+    (dict(type="constant"), (0,), "no elements"),
+])
+def test_fillers_refuse_what_caffe_checks(kw, shape, match):
+    with pytest.raises(NetError, match=match):
+        fill(filler(**kw), Blob(shape))
+
+
+def test_a_layers_refused_filler_names_the_layer_at_setup():
+    from pycaffe_dist.io.prototxt import parse_text
+    from pycaffe_dist.net.net import Net
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }'
+            'layer { name: "fc" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 4 '
+            'weight_filler { type: "gaussian" std: 0 } } }')
+    with pytest.raises(NetError, match=r"layer 'fc' \(InnerProduct\): gaussian filler: std must be positive"):
+        Net(parse_text(text, caffe_pb2.NetParameter()), fill_params=False)
+
+
 def test_unknown_filler():
     with pytest.raises(NetError, match="unknown filler type 'he_normal'"):
         fill(filler(type="he_normal"), Blob((2,)))
