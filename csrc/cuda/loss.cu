@@ -29,7 +29,8 @@ PCD_KERNEL void sigmoid_ce_loss_backward(const int n, const float* input, const 
                                          const int has_ignore_label, const int ignore_label, const float scale,
                                          float* diff) {
   CUDA_KERNEL_LOOP(i, n) {
-    float d = tanhf(input[i] * 0.5f) * 0.5f + 0.5f - target[i];
+    // Caffe's sigmoid: 0.5 * tanh(0.5 * x) + 0.5 in double (its literals), rounded once to float
+    float d = static_cast<float>(0.5 * tanh(0.5 * static_cast<double>(input[i])) + 0.5) - target[i];
     if (has_ignore_label && static_cast<int>(target[i]) == ignore_label) d = 0;
     diff[i] = d * scale;
   }

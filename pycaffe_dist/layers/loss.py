@@ -19,7 +19,8 @@ from .softmax import SOFTMAX_FLOPS_PER_ELEMENT, gpu_forward as softmax_gpu_forwa
 
 LossParameter = caffe_pb2.LossParameter
 
-LOG_THRESHOLD = 1e-20                 # loss_layer.hpp kLOG_THRESHOLD (MultinomialLogistic and Infogain losses)
+# loss_layer.hpp kLOG_THRESHOLD (MultinomialLogistic and Infogain losses): a float constant, also in double nets
+LOG_THRESHOLD = float(np.float32(1e-20))
 
 
 class LossLayer(Layer):
@@ -249,7 +250,8 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
         positive = (x >= 0).astype(x.dtype)
         terms = x * (t - positive) - np.log(1 + np.exp(x - 2 * x * positive))
         valid = self._valid(bottom)
-        loss = -(terms.sum() if valid is None else terms[valid].sum())
+        # Caffe subtracts from loss = 0: no valid term gives +0, not -0
+        loss = 0 - (terms.sum() if valid is None else terms[valid].sum())
         valid_count = x.size if valid is None else int(valid.sum())
         # Caffe keeps this normalizer_ for the backward pass.
         self._normalizer = normalizer(self.normalization, bottom[0].shape[0], bottom[0].count_range(1), valid_count)
@@ -261,9 +263,10 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
             return
         x = bottom[0].data
         diff = bottom[0].diff
-        # Caffe's SigmoidLayer: 0.5 * tanh(0.5 x) + 0.5 (recomputed here rather than kept from the forward)
-        np.multiply(np.tanh(x * x.dtype.type(0.5)), x.dtype.type(0.5), out=diff)
-        diff += x.dtype.type(0.5)
+        # Caffe's SigmoidLayer: 0.5 * tanh(0.5 x) + 0.5, whose double literals make it a double sum rounded once
+        # to Dtype (a float32 one loses the small values of very negative x); recomputed rather than kept from
+        # the forward
+        diff[...] = np.tanh(x.astype(np.float64) * 0.5) * 0.5 + 0.5
         diff -= bottom[1].data.reshape(diff.shape)
         valid = self._valid(bottom)
         if valid is not None:
@@ -280,7 +283,7 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
         counts = scratch(self, "_counts_gpu", count)
         dev.launch("sigmoid_ce_loss_forward", count, bottom[0].gpu_data, bottom[1].gpu_data,
                    *ignore_args(self.ignore_label), terms, counts)
-        loss = -np.float32(dev.dot(count, terms, scratch(self, "_ones_gpu", count, 1.0)))
+        loss = 0 - np.float32(dev.dot(count, terms, scratch(self, "_ones_gpu", count, 1.0)))
         if self.normalization == LossParameter.VALID and self.ignore_label is not None:
             valid_count = int(round(dev.asum(count, counts)))
         else:
@@ -517,7 +520,7 @@ class InfogainLossLayer(_SoftmaxLossBase):
         h_rows = self._infogain(bottom)[labels]                                  # (outer, inner, labels)
         log_prob = np.log(np.maximum(prob, prob.dtype.type(LOG_THRESHOLD)))     # (outer, labels, inner)
         per_position = np.einsum("ilj,ijl->ij", log_prob, h_rows)
-        loss = -per_position[valid].sum(dtype=prob.dtype)
+        loss = 0 - per_position[valid].sum(dtype=prob.dtype)     # +0 when every label is ignored, as Caffe
         n = normalizer(self.normalization, self.outer_num, self.inner_num, int(valid.sum()))
         top[0].data[...] = loss / prob.dtype.type(n)
 

@@ -173,6 +173,29 @@ def test_sigmoid_cross_entropy_is_stable_for_large_scores():
     np.testing.assert_allclose(top[0].data, 100, rtol=1e-6)
 
 
+def test_sigmoid_cross_entropy_diff_is_caffes_double_sigmoid_rounded_once():
+    # sigmoid_layer.cpp: 0.5 * tanh(0.5 * x) + 0.5 with double literals; in float32 the small sigmoids of very
+    # negative scores would be lost (0 instead of 2.06e-9 at -20)
+    x = np.array([[-20.0, -12.0, -9.0, 0.3, 3.0]], np.float32)
+    t = np.array([[0.0, 0.0, 1.0, 0.0, 1.0]], np.float32)
+    layer, bottom, top = forward('type: "SigmoidCrossEntropyLoss"', [x, t])
+    top[0].diff[...] = 1
+    layer.backward(top, [True, False], bottom)
+    sigmoid = (0.5 * np.tanh(0.5 * x.astype(np.float64)) + 0.5).astype(np.float32)
+    np.testing.assert_array_equal(bottom[0].diff, (sigmoid - t) / np.float32(1))
+    assert bottom[0].diff[0, 0] > 2e-9
+
+
+def test_losses_over_only_ignored_labels_are_plus_zero():
+    # Caffe subtracts each term from loss = 0, so no term leaves +0 (a negated empty sum would be -0)
+    x, t = np.zeros((2, 3)), np.full((2, 3), -1.0)
+    _, _, top = forward('type: "SigmoidCrossEntropyLoss" loss_param { ignore_label: -1 }', [x, t])
+    assert top[0].data == 0 and not np.signbit(top[0].data)
+    _, _, top = forward('type: "InfogainLoss" loss_param { ignore_label: 0 }',
+                        [np.full((2, 3), 1 / 3), np.zeros((2, 1)), np.eye(3)])
+    assert top[0].data == 0 and not np.signbit(top[0].data)
+
+
 @pytest.mark.parametrize("setting", ["loss_weight: 3.7", "loss_param { ignore_label: -1 }",
                                      "loss_param { ignore_label: -1 normalization: VALID }"])
 def test_sigmoid_cross_entropy_gradient(setting):
@@ -350,10 +373,13 @@ def test_multinomial_logistic_loss_values_and_threshold():
     p = np.array([[0.2, 0.8], [0.0, 1.0], [0.5, 0.5]])
     y = np.array([1.0, 0.0, 0.0]).reshape(3, 1, 1, 1)
     layer, bottom, top = forward('type: "MultinomialLogisticLoss" loss_weight: 2', [p, y], dtype=np.float64)
-    # kLOG_THRESHOLD 1e-20 keeps log(0) finite
-    np.testing.assert_allclose(top[0].data, -(np.log(0.8) + np.log(1e-20) + np.log(0.5)) / 3, rtol=1e-12)
+    # kLOG_THRESHOLD keeps log(0) finite; it is a float constant (1e-20 rounded to float32) in double nets too
+    tiny = float(np.float32(1e-20))
+    assert tiny != 1e-20
+    np.testing.assert_allclose(top[0].data, -(np.log(0.8) + np.log(tiny) + np.log(0.5)) / 3, rtol=1e-15)
     layer.backward(top, [True, False], bottom)
-    np.testing.assert_allclose(bottom[0].diff, [[0, -2 / 3 / 0.8], [-2 / 3 / 1e-20, 0], [-2 / 3 / 0.5, 0]])
+    np.testing.assert_allclose(bottom[0].diff, [[0, -2 / 3 / 0.8], [-2 / 3 / tiny, 0], [-2 / 3 / 0.5, 0]],
+                               rtol=1e-15)
 
 
 @pytest.mark.parametrize("setting", ["", "loss_weight: 3"])
