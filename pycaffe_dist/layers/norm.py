@@ -158,6 +158,8 @@ class MVNLayer(Layer):
             return
         rows = self._rows(bottom[0])
         dy = top[0].diff.reshape(rows, -1)
+        # dx is built in new arrays: in place (top diff = bottom diff) Caffe's first caffe_mul overwrites the top
+        # diff it reads later, a wrong gradient we do not copy (README: where we differ from Caffe)
         if self.param.mvn_param.normalize_variance:
             # dx = (dy - mean(dy) - y * mean(dy * y)) / std, with Caffe's operation order.
             y = top[0].data.reshape(rows, -1)
