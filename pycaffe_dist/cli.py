@@ -29,8 +29,8 @@ def cmd_net_info(args):
     net = Net(read_net(args.net), phase=args.phase, level=args.level, stages=args.stage,
               fill_params=bool(args.weights))
     if args.weights:
-        from .io.binaryproto import read_net_binary
-        net.copy_trained_layers_from(read_net_binary(args.weights), args.weights)
+        from .solver.snapshot import load_weights
+        load_weights(net, args.weights)
     elapsed = time.perf_counter() - start
     print(format_table(net))
     print("built in %.3f s" % elapsed)
@@ -80,8 +80,8 @@ def cmd_time(args):
         raise PycaffeDistError("--iterations must be at least 1, got %d" % args.iterations)
     net = Net(read_net(args.model), phase=args.phase, level=args.level, stages=args.stage)
     if args.weights:
-        from .io.binaryproto import read_net_binary
-        net.copy_trained_layers_from(read_net_binary(args.weights), args.weights)
+        from .solver.snapshot import load_weights
+        load_weights(net, args.weights)
     print("Testing for %d iterations." % args.iterations)
 
     def progress(it, ms):

@@ -9,10 +9,11 @@ import os
 import numpy as np
 
 from .errors import NetError
-from .io.binaryproto import read_net_binary, write_binary
+from .io.binaryproto import write_binary
 from .io.load import read_net
 from .net.net import Net as _GraphNet
 from .proto import caffe_pb2
+from .solver.snapshot import load_weights
 from .solver.solver import Solver
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
@@ -163,9 +164,8 @@ class Net(_GraphNet):
     # --- weights --------------------------------------------------------------------------------------------
 
     def copy_from(self, path):
-        """Load weights from a .caffemodel (any format version) into the layers of the same name."""
-        path = os.fsdecode(path)
-        self.copy_trained_layers_from(read_net_binary(path), path)
+        """Load weights from a .caffemodel (any format version, or HDF5) into the layers of the same name."""
+        load_weights(self, path)
 
     def save(self, path):
         write_binary(os.fsdecode(path), self.to_proto())

@@ -66,8 +66,23 @@ def test_copy_from_bad_files(tmp_path):
     truncated.write_bytes(LENET_WEIGHTS.read_bytes()[:5000])
     with pytest.raises(ModelFileError, match="cut.caffemodel: is not a Caffe model .* or is truncated"):
         net.copy_from(str(truncated))
-    with pytest.raises(ModelFileError, match="no such file"):
+    with pytest.raises(ModelFileError, match="missing.caffemodel: cannot read: No such file"):
         net.copy_from(str(tmp_path / "missing.caffemodel"))
+
+
+def test_copy_from_reads_hdf5_models_and_fills_the_first_layer_of_a_name(tmp_path):
+    from pycaffe_dist.solver.snapshot import write_model
+    net = caffe.Net(str(LENET_DEPLOY), caffe.TEST, weights=str(LENET_WEIGHTS))
+    write_model(net, str(tmp_path / "lenet.caffemodel.h5"), hdf5=True)
+    back = caffe.Net(str(LENET_DEPLOY), caffe.TEST, weights=str(tmp_path / "lenet.caffemodel.h5"))
+    np.testing.assert_array_equal(back.params["conv1"][0].data, net.params["conv1"][0].data)
+    # two layers named ip1: CopyTrainedLayersFrom searches from the front, so the first gets the weights
+    text = LENET_DEPLOY.read_text() + ('layer { name: "ip1" type: "InnerProduct" bottom: "prob" top: "again" '
+                                       'inner_product_param { num_output: 500 } }')
+    (tmp_path / "twice.prototxt").write_text(text)
+    twice = caffe.Net(str(tmp_path / "twice.prototxt"), caffe.TEST, weights=str(LENET_WEIGHTS))
+    first = twice.layers[list(twice._layer_names).index("ip1")]
+    np.testing.assert_array_equal(first.blobs[0].data, net.params["ip1"][0].data)
 
 
 def test_blob_reshape_then_net_reshape():

@@ -119,7 +119,9 @@ class Net:
                 for i in tops:
                     blob_need_backward[i] = True
         self._prune_backward(force=self.param.force_backward)
-        self.output_ids = [self._blob_index[n] for n in self.blob_names if n in available]
+        # net.cpp lists the outputs from a std::set<string>: in byte-wise order of their names
+        outputs = sorted({n for n in self.blob_names if n in available}, key=lambda n: n.encode())
+        self.output_ids = [self._blob_index[n] for n in outputs]
         self._share_weights()
 
     def _new_blob(self, name):
@@ -323,8 +325,11 @@ class Net:
     # --- weights ----------------------------------------------------------------------------------------
 
     def copy_trained_layers_from(self, source, source_name="weights"):
-        """Caffe's CopyTrainedLayersFrom(NetParameter): copy blobs into layers of the same name."""
-        index = {name: i for i, name in enumerate(self.layer_names)}
+        """Caffe's CopyTrainedLayersFrom(NetParameter): copy blobs into layers of the same name (the first
+        of that name, as Caffe's search from the front)."""
+        index = {}
+        for i, name in enumerate(self.layer_names):
+            index.setdefault(name, i)
         for src in source.layer:
             layer_id = index.get(src.name)
             if layer_id is None:

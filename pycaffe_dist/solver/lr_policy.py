@@ -9,7 +9,6 @@ are computed in double and rounded to float once; std::pow(float, float) (inv, p
 (sigmoid) is expf, with the rest of those expressions in float. numpy's float32 power is powf; its exp is not
 glibc's, so expf is taken as the float32 rounding of the double exp.
 """
-import math
 
 import numpy as np
 
@@ -31,6 +30,12 @@ def check_policy(param, source="solver"):
         raise SolverError("%s: lr_policy %s needs stepsize > 0, got %d" % (source, policy, param.stepsize))
 
 
+def _pow(base, exponent):
+    """std::pow in double: inf past the range (math.pow raises OverflowError instead)."""
+    with np.errstate(over="ignore"):
+        return float(np.power(np.float64(base), np.float64(exponent)))
+
+
 def learning_rate(param, iteration, current_step=0, source="solver"):
     """Return (rate as float32, current_step) for the update that follows `iteration` completed updates."""
     check_policy(param, source)
@@ -40,18 +45,20 @@ def learning_rate(param, iteration, current_step=0, source="solver"):
         rate = base
     elif policy == "step":
         current_step = iteration // param.stepsize
-        rate = float(base) * math.pow(gamma, current_step)
+        rate = float(base) * _pow(gamma, current_step)
     elif policy == "exp":
-        rate = float(base) * math.pow(gamma, iteration)
+        rate = float(base) * _pow(gamma, iteration)
     elif policy == "inv":
         rate = base * np.power(f32(1) + gamma * f32(iteration), -power)
     elif policy == "multistep":
         # At most one step per call, as Caffe does.
         if current_step < len(param.stepvalue) and iteration >= param.stepvalue[current_step]:
             current_step += 1
-        rate = float(base) * math.pow(gamma, current_step)
+        rate = float(base) * _pow(gamma, current_step)
     elif policy == "poly":
         rate = base * np.power(f32(1) - f32(iteration) / f32(param.max_iter), power)
     else:  # sigmoid
-        rate = base * (f32(1) / (f32(1) + f32(math.exp(-gamma * (f32(iteration) - f32(param.stepsize))))))
+        with np.errstate(over="ignore"):    # exp past the range is inf, and the rate 0, as in C++
+            decay = f32(np.exp(np.float64(-gamma * (f32(iteration) - f32(param.stepsize)))))
+            rate = base * (f32(1) / (f32(1) + decay))
     return f32(rate), current_step

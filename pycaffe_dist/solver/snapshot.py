@@ -3,8 +3,9 @@ state (.solverstate or .solverstate.h5).
 
 Binary: the model is Net::ToProto (a NetParameter with every layer's blobs), the state a SolverState (iter,
 learned_net, current_step, history blobs). HDF5 (Net::ToHDF5, SGDSolver::SnapshotSolverStateToHDF5): the model
-has data/<layer>/<blob index> (and diff/... with snapshot_diff) for parameters that own themselves, a group per
-layer; the state has the int scalars iter and current_step, the string learned_net and history/<i>.
+has data/<layer>/<blob index> for parameters that own themselves (and diff/... for all, with snapshot_diff), a
+group per layer; the state has iter and current_step (one int32 each, as (1,) datasets), the string learned_net
+and history/<i>.
 
 Loading is stricter than Caffe in one way: a history blob or an HDF5 parameter of the wrong shape is an error
 naming the file (Caffe reshapes binary history blobs silently).
@@ -46,9 +47,9 @@ def _write_model_hdf5(net, path, write_diff):
             # A layer name may hold '/': h5py then nests groups, and reading walks the same path.
             layer_groups = [g.require_group(name) for g in groups]
             for j, blob in enumerate(layer.blobs):
-                if net.param_owner[_net_param_id(net, layer_id, j)] >= 0:
-                    continue    # shared: only the owner is saved
-                layer_groups[0].create_dataset(str(j), data=blob.data)
+                # Net::ToHDF5: data only for params that own themselves, diffs "regardless of weight-sharing"
+                if net.param_owner[_net_param_id(net, layer_id, j)] < 0:
+                    layer_groups[0].create_dataset(str(j), data=blob.data)
                 if write_diff:
                     layer_groups[1].create_dataset(str(j), data=blob.diff)
 
@@ -126,7 +127,8 @@ def write_state(path, iteration, learned_net, current_step, history, hdf5=False)
 def _write_state_hdf5(path, iteration, learned_net, current_step, history):
     import h5py
     with h5py.File(path, "w") as f:
-        f.create_dataset("iter", data=np.int32(iteration))
+        # hdf5_save_int (H5LTmake_dataset_int, rank 1): a (1,) int32 dataset, as are current_step's
+        f.create_dataset("iter", data=np.array([iteration], np.int32))
         # H5LTmake_dataset_string: a scalar, fixed-length, NUL-terminated C string.
         raw = learned_net.encode() + b"\0"
         string_type = h5py.h5t.C_S1.copy()
@@ -134,7 +136,7 @@ def _write_state_hdf5(path, iteration, learned_net, current_step, history):
         string_type.set_strpad(h5py.h5t.STR_NULLTERM)
         space = h5py.h5s.create(h5py.h5s.SCALAR)
         h5py.h5d.create(f.id, b"learned_net", string_type, space).write(space, space, np.array(raw, dtype="S"))
-        f.create_dataset("current_step", data=np.int32(current_step))
+        f.create_dataset("current_step", data=np.array([current_step], np.int32))
         group = f.create_group("history")
         for i, array in enumerate(history):
             group.create_dataset(str(i), data=np.asarray(array, dtype=np.float32))
@@ -175,8 +177,16 @@ def _read_state_hdf5(path):
             raise ModelFileError("%s: history datasets must be named 0..%d; %s is missing"
                                  % (path, count - 1, missing[0]))
         history = [np.asarray(f["history"][str(i)][()], dtype=np.float32) for i in range(count)]
-        return {"iter": int(f["iter"][()]), "learned_net": learned, "current_step": int(f["current_step"][()]),
-                "history": history}
+        return {"iter": _hdf5_int(path, f, "iter"), "learned_net": learned,
+                "current_step": _hdf5_int(path, f, "current_step"), "history": history}
+
+
+def _hdf5_int(path, f, key):
+    """Caffe's hdf5_load_int: one integer, stored as a (1,) dataset (or, by our older snapshots, a scalar)."""
+    values = np.asarray(f[key][()]).reshape(-1)
+    if values.size != 1:
+        raise ModelFileError("%s: '%s' must hold one integer, got %d values" % (path, key, values.size))
+    return int(values[0])
 
 
 def check_history(path, history, expected_shapes):

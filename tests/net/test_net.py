@@ -148,7 +148,7 @@ def test_backward_needs_follow_caffe():
     assert need == {"in": False, "frozen": False, "h_frozen_0_split": False, "ip": True, "side": False, "loss": True}
     assert net.bottom_need_backward[net.layer_index("loss")] == [True, False]
     assert net.bottom_need_backward[net.layer_index("ip")] == [False]
-    assert net.outputs == ["unused", "loss"]
+    assert net.outputs == ["loss", "unused"]      # a std::set<string> in net.cpp: by name, not by creation
 
 
 def test_force_backward_and_propagate_down():

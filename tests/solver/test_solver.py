@@ -54,7 +54,7 @@ def test_generic_net_gives_one_test_net_per_test_iter_with_its_test_state(tmp_pa
     s.step(5)          # tests at iterations 0 and 4
     for net in s.test_nets:
         assert net.params["ip"][0] is s.net.params["ip"][0]     # the train net's weights, shared
-    assert [name for name, _ in s.test_scores[0]] == ["p2"] * 16 + ["loss"]      # every output element
+    assert [name for name, _ in s.test_scores[0]] == ["loss"] + ["p2"] * 16      # every output element, by name
     assert [name for name, _ in s.test_scores[1]] == ["loss"]
 
 
@@ -215,10 +215,46 @@ def test_hdf5_snapshot_layout_is_caffes(tmp_path):
         assert set(f["data/ip"]) == {"0", "1"} and not len(f["data/loss"])
         np.testing.assert_array_equal(f["data/ip/0"][()], s.net.params["ip"][0].data)
     with h5py.File(state, "r") as f:
-        assert f["iter"][()] == 1 and f["iter"].dtype == np.int32 and f["current_step"][()] == 0
+        # hdf5_save_int: rank-1 datasets of one int32 (H5LTmake_dataset_int with dims {1})
+        assert f["iter"].shape == (1,) and f["iter"][0] == 1 and f["iter"].dtype == np.int32
+        assert f["current_step"].shape == (1,) and f["current_step"][0] == 0
         assert f["learned_net"][()] == model.encode() + b"\0" or f["learned_net"][()] == model.encode()
         assert f["learned_net"].id.get_type().get_strpad() == h5py.h5t.STR_NULLTERM
         assert sorted(f["history"]) == ["0", "1"]
+
+
+def test_hdf5_state_restores_from_caffes_and_our_older_scalar_layout(tmp_path):
+    s = Solver(solver_param(tmp_path, "snapshot_format: HDF5"))
+    s.step(3)
+    _, state = s.snapshot()
+    for layout in (lambda v: np.array([v], np.int32), np.int32):     # Caffe's (1,), our older scalar
+        with h5py.File(state, "r+") as f:
+            for key, value in (("iter", 3), ("current_step", 0)):
+                del f[key]
+                f.create_dataset(key, data=layout(value))
+        back = Solver(solver_param(tmp_path, "snapshot_format: HDF5"))
+        back.restore(state)
+        assert back.iter == 3
+        np.testing.assert_array_equal(back.history[0], s.history[0])
+
+
+def test_hdf5_model_with_diffs_keeps_the_diffs_of_shared_params(tmp_path):
+    # Net::ToHDF5: data only for the owners, diffs "regardless of weight-sharing"
+    from pycaffe_dist.solver.snapshot import write_model
+    twin = parse_text("""
+        layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "a" type: "InnerProduct" bottom: "x" top: "ya" param { name: "w" }
+                inner_product_param { num_output: 2 bias_term: false weight_filler { type: "gaussian" } } }
+        layer { name: "b" type: "InnerProduct" bottom: "x" top: "yb" param { name: "w" }
+                inner_product_param { num_output: 2 bias_term: false } }
+    """, caffe_pb2.NetParameter())
+    net = caffe.Net(twin, caffe.TRAIN)
+    net.params["a"][0].diff[...] = 1.5
+    write_model(net, str(tmp_path / "m.caffemodel.h5"), hdf5=True, write_diff=True)
+    with h5py.File(tmp_path / "m.caffemodel.h5", "r") as f:
+        assert set(f["data/a"]) == {"0"} and not len(f["data/b"])
+        assert set(f["diff/a"]) == {"0"} and set(f["diff/b"]) == {"0"}
+        np.testing.assert_array_equal(f["diff/b/0"][()], 1.5)
 
 
 def test_restore_refuses_a_state_of_another_solver_type(tmp_path):

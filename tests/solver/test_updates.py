@@ -201,3 +201,14 @@ def test_solver_checks(fields, message):
     with pytest.raises(SolverError) as info:
         updates.check_solver(solver_param(**fields), "s.prototxt")
     assert str(info.value).startswith("s.prototxt: ") and message in str(info.value)
+
+
+def test_rates_past_the_float_range_are_what_cpp_gives_not_errors():
+    from pycaffe_dist.solver.lr_policy import learning_rate
+    # sigmoid with gamma * stepsize > 709.8: exp is inf in C++, so the rate is 0 (math.exp would raise)
+    sigmoid = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy="sigmoid", gamma=0.01, stepsize=100000)
+    assert learning_rate(sigmoid, 0)[0] == 0
+    exp = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy="exp", gamma=1.01)
+    assert np.isinf(learning_rate(exp, 100000)[0])
+    assert np.isinf(updates.adam_correction(1.0, 0.999, 3))          # 1 - beta1^t = 0
+    assert np.isnan(updates.adam_correction(0.9, 1.5, 3))            # sqrt of a negative
