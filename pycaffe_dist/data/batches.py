@@ -13,15 +13,18 @@ from .._kernels import datum as _datum
 from . import images, sources
 
 
-def _stack(arrays, names, where):
-    """One (N, C, H, W) array; every record of a batch must have the shape of the first (Caffe CHECKs it)."""
+def _transform_stack(transformer, arrays, names, where):
+    """The transformed (N, C, H, W) batch. Records of different sizes are cropped one by one to crop_size, as
+    Caffe's DataTransformer does per record; without crop_size they must all have the first one's shape."""
     first = arrays[0].shape
-    for array, name in zip(arrays, names):
-        if array.shape != first:
-            raise DataError("%s: record %s has shape %s but the batch started with %s; records of different sizes "
-                            "need crop_size (or resizing when the database is made)"
-                            % (where, name, "x".join(map(str, array.shape)), "x".join(map(str, first))))
-    return np.stack(arrays)
+    if all(array.shape == first for array in arrays):
+        return transformer.transform(np.stack(arrays))
+    if transformer.param.crop_size:
+        return np.concatenate([transformer.transform(array[None]) for array in arrays])
+    name, array = next((n, a) for n, a in zip(names, arrays) if a.shape != first)
+    raise DataError("%s: record %s has shape %s but the batch started with %s; records of different sizes "
+                    "need crop_size (or resizing when the database is made)"
+                    % (where, name, "x".join(map(str, array.shape)), "x".join(map(str, first))))
 
 
 def datum_image(datum, transform_param, where):
@@ -49,7 +52,7 @@ def record_batches(source, batch_size, transformer, where, skip=0, shard=0, num_
             datum = sources.parse_datum(value, record_where)
             arrays.append(datum_image(datum, transform_param, record_where))
             labels[i] = datum.label
-        return transformer.transform(_stack(arrays, [repr(key) for key in keys], where)), labels
+        return _transform_stack(transformer, arrays, [repr(key) for key in keys], where), labels
     return make_batch
 
 
@@ -93,5 +96,5 @@ def image_list_batches(entries, param, transformer, rng, where, skip=0):
                     state["order"] = rng.permutation(len(entries))
             if i % sources.RECORDS_PER_GIL_RELEASE == sources.RECORDS_PER_GIL_RELEASE - 1:
                 time.sleep(0)     # lets the training thread have the GIL (sources.RecordSource.batches)
-        return transformer.transform(_stack(arrays, names, where)), labels
+        return _transform_stack(transformer, arrays, names, where), labels
     return make_batch

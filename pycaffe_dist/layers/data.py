@@ -303,9 +303,10 @@ class HDF5DataLayer(_SourceLayer):
     def layer_setup(self, bottom, top):
         p = self.param.hdf5_data_param
         self.check(p.batch_size > 0, "hdf5_data_param.batch_size must be positive")
+        self.check(not self.param.HasField("transform_param"), "HDF5Data does not transform data.")
         listing = self.source_path(p.source)
         with open(listing) as f:
-            self.files = [line.strip() for line in f if line.strip()]
+            self.files = f.read().split()     # Caffe reads the list with `>>`: names split at any whitespace
         if not self.files:
             raise DataError("%s: the HDF5 file list %s is empty" % (self.where(), listing))
         self.shapes = None         # (batch_size, *row shape) per top, from the first file loaded
@@ -397,11 +398,14 @@ class HDF5OutputLayer(Layer):
 
     def forward(self, bottom, top):
         import h5py
+        self.check(bottom[0].num == bottom[1].num, "data and label must have the same num (%d vs. %d)"
+                   % (bottom[0].num, bottom[1].num))
         with h5py.File(self.param.hdf5_output_param.file_name, "a") as h5:
             for name, blob in zip(("data", "label"), bottom):
                 if name in h5:
                     del h5[name]
-                h5.create_dataset(name, data=blob.data)
+                # hdf5_output_layer.cpp writes the legacy 4-D (num, channels, height, width) blobs
+                h5.create_dataset(name, data=blob.data.reshape(blob.num, blob.channels, blob.height, blob.width))
 
     def backward(self, top, propagate_down, bottom):
         pass

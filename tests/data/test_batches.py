@@ -100,13 +100,14 @@ def test_decoder_refuses_arrays_that_do_not_fit():
         datum_kernel.decode_raw(["x"], np.empty((1, 60), np.uint8), np.empty(1, np.float32), 3, 4, 5)
 
 
-def batches_from(tmp_path, datums, batch_size, scale=1.0):
+def batches_from(tmp_path, datums, batch_size, scale=1.0, phase=caffe_pb2.TRAIN, crop_size=0):
     path = tmp_path / ("records%d.datumfile" % len(list(tmp_path.iterdir())))
     with open_writer(path, "datumfile") as writer:
         for i, value in enumerate(datums):
             writer.put(b"%08d" % i, value if isinstance(value, bytes) else value.SerializeToString())
     source = open_records(path, "datumfile")
-    transformer = DataTransformer(caffe_pb2.TransformationParameter(scale=scale), caffe_pb2.TRAIN, "layer 'data'")
+    transformer = DataTransformer(caffe_pb2.TransformationParameter(scale=scale, crop_size=crop_size), phase,
+                                  "layer 'data'")
     return record_batches(source, batch_size, transformer, "layer 'data'")
 
 
@@ -145,3 +146,14 @@ def test_bad_records_in_a_batch_are_named(tmp_path):
     short.data = short.data[:10]
     with pytest.raises(DataError, match=r"record b'00000000': Datum data holds 10 bytes but .* = 60"):
         batches_from(tmp_path, [short, raw_datum(rng)], 2)()
+
+
+def test_records_of_different_sizes_are_cropped_one_by_one(tmp_path):
+    # data_transformer.cpp checks and crops each Datum on its own: with crop_size a batch may mix sizes
+    rng = np.random.default_rng(5)
+    small, large = raw_datum(rng, shape=(3, 4, 5)), raw_datum(rng, shape=(3, 6, 7))
+    data, _ = batches_from(tmp_path, [small, large], 2, phase=caffe_pb2.TEST, crop_size=3)()
+    centre = [np.frombuffer(d.data, np.uint8).reshape(shape)[:, (shape[1] - 3) // 2:(shape[1] - 3) // 2 + 3,
+                                                             (shape[2] - 3) // 2:(shape[2] - 3) // 2 + 3]
+              for d, shape in ((small, (3, 4, 5)), (large, (3, 6, 7)))]
+    np.testing.assert_array_equal(data, np.stack(centre).astype(np.float32))

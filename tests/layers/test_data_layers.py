@@ -344,5 +344,27 @@ def test_hdf5_output_writes_its_bottoms(tmp_path):
     net.blob_by_name("y").data[...] = [4, 5]
     net.forward_from_to()
     with h5py.File(tmp_path / "out.h5", "r") as h5:
-        np.testing.assert_array_equal(h5["data"][...], np.arange(6).reshape(2, 3))
-        np.testing.assert_array_equal(h5["label"][...], [4, 5])
+        # Caffe writes the legacy 4-D blobs: (2, 3) -> (2, 3, 1, 1), (2,) -> (2, 1, 1, 1)
+        np.testing.assert_array_equal(h5["data"][...], np.arange(6).reshape(2, 3, 1, 1))
+        np.testing.assert_array_equal(h5["label"][...], np.reshape([4, 5], (2, 1, 1, 1)))
+    odd = net_from_text("""
+        layer { name: "i" type: "Input" top: "x" top: "y" input_param { shape { dim: 2 dim: 3 } shape { dim: 3 } } }
+        layer { name: "out" type: "HDF5Output" bottom: "x" bottom: "y" hdf5_output_param { file_name: "%s" } }
+    """ % (tmp_path / "odd.h5"))
+    with pytest.raises(NetError, match=r"layer 'out' \(HDF5Output\): data and label must have the same num"):
+        odd.forward_from_to()
+
+
+def test_hdf5_data_list_splits_at_any_whitespace_and_refuses_a_transform(tmp_path):
+    import h5py
+    for i in range(2):
+        with h5py.File(tmp_path / ("p%d.h5" % i), "w") as h5:
+            h5["data"] = np.full((2, 3), i, np.float32)
+    (tmp_path / "list.txt").write_text("%s %s\n" % (tmp_path / "p0.h5", tmp_path / "p1.h5"))   # Caffe reads with >>
+    text = ('layer { name: "h" type: "HDF5Data" top: "data" hdf5_data_param { source: "%s" batch_size: 4 } %s }'
+            % (tmp_path / "list.txt", "%s"))
+    net = net_from_text(text % "")
+    net.forward_from_to()
+    np.testing.assert_array_equal(net.blob_by_name("data").data[:, 0], [0, 0, 1, 1])
+    with pytest.raises(NetError, match="HDF5Data does not transform data"):
+        net_from_text(text % "transform_param { scale: 2 }")
