@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import DataError
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
+_16_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N"}
 
 
 def _pixels(image, is_color, where, new_height=0, new_width=0):
@@ -22,6 +23,11 @@ def _pixels(image, is_color, where, new_height=0, new_width=0):
     if is_color is None:
         is_color = image.mode not in _GRAY_MODES
     try:
+        if image.mode in _16_BIT_MODES:
+            # OpenCV reads a 16-bit image as 8 bits by keeping the high byte (libpng's strip_16); Pillow's
+            # conversion would clip every value above 255 to white
+            from PIL import Image
+            image = Image.fromarray((np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8), "L")
         image = image.convert("RGB" if is_color else "L")
         if new_height > 0 and new_width > 0:
             from PIL import Image

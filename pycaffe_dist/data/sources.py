@@ -71,11 +71,12 @@ class _SharedHandles:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._open = {}     # real path -> [handle, users]
+        self._open = {}     # (kind of store, real path) -> [handle, users]
 
-    def acquire(self, path, opener):
-        """(key for release, the shared handle), opening it with opener() for its first user."""
-        key = os.path.realpath(path)
+    def acquire(self, kind, path, opener):
+        """(key for release, the shared handle), opening it with opener() for its first user. One path opened
+        as two kinds of store gets two handles, so that the wrong kind fails in its own opener."""
+        key = (kind, os.path.realpath(path))
         with self._lock:
             if key not in self._open:
                 self._open[key] = [opener(), 0]
@@ -174,7 +175,7 @@ class LmdbSource(RecordSource):
 
     def __init__(self, path):
         super().__init__(path)
-        self._key, self.env = _HANDLES.acquire(self.path, self._open_env)
+        self._key, self.env = _HANDLES.acquire(self.kind, self.path, self._open_env)
 
     def _open_env(self):
         import lmdb
@@ -225,7 +226,7 @@ class LevelDBSource(RecordSource):
 
     def __init__(self, path):
         super().__init__(path)
-        self._key, self.db = _HANDLES.acquire(self.path, self._open_db)
+        self._key, self.db = _HANDLES.acquire(self.kind, self.path, self._open_db)
 
     def _open_db(self):
         import plyvel

@@ -30,7 +30,8 @@ class DataTransformer:
         if param.HasField("mean_file"):
             from ..io.binaryproto import read_mean_file
             mean = read_mean_file(param.mean_file)
-            self.mean_image = mean.reshape(mean.shape[-3:]) if mean.ndim > 3 else mean
+            # Caffe indexes the mean blob by (c, h, w) of one image: a blob of num > 1 gives its first image
+            self.mean_image = mean.reshape((-1,) + mean.shape[-3:])[0] if mean.ndim > 3 else mean
         elif len(param.mean_value):
             self.mean_values = np.asarray(param.mean_value, dtype=np.float32).reshape(-1, 1, 1)
         if param.force_color and param.force_gray:

@@ -191,7 +191,7 @@ class DataLayer(_PrefetchingLayer):
 @register("MemoryData")
 class MemoryDataLayer(_SourceLayer):
     """Batches handed over from Python (`net.set_input_arrays(data, labels)`, Caffe's MemoryDataLayer::Reset);
-    tops data (batch, C, H, W) and label (batch,). Each forward takes the next batch_size rows, wrapping around.
+    tops data (batch, C, H, W) and label (batch,), (batch, 1, 1, 1) once a forward ran. Each forward takes the next batch_size rows, wrapping around.
     Like Caffe's Reset path, the arrays are used as given (no transform_param)."""
     exact_num_top = 2
 
@@ -200,6 +200,8 @@ class MemoryDataLayer(_SourceLayer):
         self.check(p.batch_size > 0 and p.channels > 0 and p.height > 0 and p.width > 0,
                    "batch_size, channels, height and width must be specified and positive")
         self.shape = (p.batch_size, p.channels, p.height, p.width)
+        # Caffe's label top is (batch,) after setup and (batch, 1, 1, 1) from the first forward on
+        self.label_shape = self.shape[:1]
         self.data = self.labels = None
         self.pos = 0
 
@@ -216,13 +218,15 @@ class MemoryDataLayer(_SourceLayer):
 
     def reshape(self, bottom, top):
         top[0].reshape(self.shape)
-        top[1].reshape(self.shape[:1])
+        top[1].reshape(self.label_shape)
 
     def forward(self, bottom, top):
         self.check(self.data is not None, "no input arrays: call net.set_input_arrays(data, labels) first")
         batch = self.shape[0]
+        self.label_shape = (batch, 1, 1, 1)
+        top[1].reshape(self.label_shape)
         top[0].data[...] = self.data[self.pos:self.pos + batch]
-        top[1].data[...] = self.labels[self.pos:self.pos + batch]
+        top[1].data.reshape(-1)[...] = self.labels[self.pos:self.pos + batch]
         self.pos = (self.pos + batch) % len(self.data)
 
 

@@ -7,6 +7,8 @@ layers and blobs need a backward pass. What is still available at the end is the
 """
 import logging
 
+import numpy as np
+
 from ..backend import device
 from ..errors import NetError
 from ..proto import caffe_pb2
@@ -274,7 +276,7 @@ class Net:
     def forward_from_to(self, start=0, end=None):
         """Run layers start..end (inclusive) and return the sum of their weighted losses."""
         end = len(self.layers) - 1 if end is None else end
-        loss = 0.0
+        loss = None
         gpu = device.active()
         for layer_id in range(start, end + 1):
             layer = self.layers[layer_id]
@@ -287,8 +289,11 @@ class Net:
                 layer.forward(bottom, top)
             for w, blob in zip(layer.loss_weights, top):
                 if w:
-                    loss += float((blob.cpu_data.astype("float64") * blob.cpu_diff).sum())
-        return loss
+                    # Caffe's Layer::Forward: a dot of the top with its loss weights (in its diff), summed over
+                    # the layers in the net's own precision (Dtype), not in double
+                    layer_loss = np.dot(blob.cpu_data.reshape(-1), blob.cpu_diff.reshape(-1))
+                    loss = layer_loss if loss is None else loss + layer_loss
+        return 0.0 if loss is None else float(loss)
 
     def backward_from_to(self, start=None, end=0):
         start = len(self.layers) - 1 if start is None else start

@@ -42,6 +42,17 @@ def test_native_decode_keeps_grey_and_drops_alpha():
     assert decode_image(png(rgba), None, "a.png").tolist() == RGB[:, :, ::-1].transpose(2, 0, 1).tolist()
 
 
+def test_16_bit_images_keep_their_high_byte():
+    """OpenCV's imread without IMREAD_ANYDEPTH reduces 16 bits to the high byte; Pillow alone clips to 255."""
+    deep = np.array([[0, 255, 256, 5000], [40000, 65535, 511, 32768]], dtype=np.uint16)
+    out = io.BytesIO()
+    Image.fromarray(deep).save(out, format="PNG")
+    high = (deep >> 8).astype(np.uint8)
+    assert decode_image(out.getvalue(), False, "d.png").tolist() == [high.tolist()]
+    assert decode_image(out.getvalue(), True, "d.png").tolist() == [high.tolist()] * 3
+    assert decode_image(out.getvalue(), None, "d.png").tolist() == [high.tolist()]
+
+
 def test_load_image_resizes_bilinear(tmp_path):
     flat = np.full((8, 6, 3), 77, dtype=np.uint8)
     Image.fromarray(flat).save(tmp_path / "f.png")

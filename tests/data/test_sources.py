@@ -274,3 +274,14 @@ def test_one_database_open_twice_in_a_process(tmp_path, backend):
     second.close()
     with open_records(tmp_path / "db", backend) as third:     # reopened after the last user closed it
         assert list(third) == recs
+
+
+@pytest.mark.parametrize("backend,other", [("lmdb", "leveldb"), ("leveldb", "lmdb")])
+def test_an_open_store_read_with_the_wrong_backend_is_a_data_error(tmp_path, backend, other):
+    """The shared handle of an open store must not be handed to a reader of the other kind (an AttributeError
+    traceback before): that reader opens its own, which fails and names the path."""
+    write(tmp_path / "db", backend, records(3))
+    with open_records(tmp_path / "db", backend) as right:
+        with pytest.raises(DataError, match=r"db: cannot open (LevelDB|LMDB)"):
+            open_records(tmp_path / "db", other)
+        assert len(right) == 3

@@ -109,3 +109,12 @@ def test_bad_configurations_are_refused(batch, tmp_path):
         DataTransformer(param(mean_value=[1.0, 2.0]), TEST).transform(batch)
     with pytest.raises(DataError, match="crop_size 10 is larger than the 9x8 records"):
         DataTransformer(param(crop_size=10), TEST).transform(batch)
+
+
+def test_mean_file_of_several_images_uses_the_first(batch, tmp_path):
+    """Caffe reads the mean blob by (c, h, w) offsets, so of a num > 1 blob only the first image counts
+    (a reshape error before)."""
+    mean = np.random.default_rng(9).uniform(0, 255, (2, 3, 9, 8)).astype(np.float32)
+    write_mean_file(tmp_path / "mean.binaryproto", mean)
+    got = DataTransformer(param(mean_file=str(tmp_path / "mean.binaryproto")), TEST).transform(batch[:1])
+    np.testing.assert_array_equal(got[0], caffe_transform(batch[0], 0, 0, 0, False, mean_file=mean[0]))

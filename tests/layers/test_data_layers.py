@@ -249,7 +249,9 @@ def test_memory_data_serves_batches_in_turn():
     for rows in ([0, 1], [2, 3], [0, 1]):
         net.forward_from_to()
         np.testing.assert_array_equal(net.blob_by_name("data").data, data[rows])
-        assert net.blob_by_name("label").data.tolist() == [5 + r for r in rows]
+        # Caffe's Forward_cpu reshapes the label top to (batch, 1, 1, 1); only its setup shape is (batch,)
+        assert net.blob_by_name("label").shape == (2, 1, 1, 1)
+        assert net.blob_by_name("label").data.reshape(-1).tolist() == [5 + r for r in rows]
     with pytest.raises(NetError, match=r"number of images \(3\) must be a positive multiple of batch_size \(2\)"):
         net.set_input_arrays(data[:3], np.zeros(3))
 

@@ -184,6 +184,19 @@ def test_loss_weight_on_shared_top_goes_through_split():
     assert np.all(net.blob_by_name("y_r_0_split_0").diff == 2.0)   # Caffe keeps the loss weight in the diff
 
 
+def test_losses_are_summed_in_float_as_caffe_does():
+    """Layer::Forward dots each top with its loss weights and Net::ForwardFromTo adds them in Dtype: 1 + 2^-25
+    is 1 in float32 (it was 1 + 2^-25 summed in double)."""
+    net = net_from_text("""
+        layer { name: "in" type: "Input" top: "x" top: "t" input_param { shape { dim: 2 } shape { dim: 1 } } }
+        layer { name: "a" type: "Power" bottom: "x" top: "y" loss_weight: 1 }
+        layer { name: "b" type: "Power" bottom: "t" top: "z" loss_weight: 1 }
+    """)
+    net.blob_by_name("x").data[...] = [1.0, 2.0 ** -25]
+    net.blob_by_name("t").data[...] = [2.0 ** -25]
+    assert net.forward_from_to() == 1.0
+
+
 @pytest.mark.parametrize("text, message", [
     ('layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 1 } } }'
      'layer { name: "b" type: "Input" top: "x" input_param { shape { dim: 1 } } }',
