@@ -12,16 +12,12 @@ Caffe's quirks kept: without expose_hidden the state carries over between forwar
 cont = 0 at t = 0 resets it); with expose_hidden, h_0 / c_0 are read but get no gradient and the diffs of the
 h_T / c_T tops are ignored ("we can't backpropagate across batches").
 """
-import logging
-
 import numpy as np
 
 from ..net.blob import count
 from ..proto import caffe_pb2
 from .base import Layer, check_param_shapes
 from .registry import register
-
-log = logging.getLogger("pycaffe_dist")
 
 
 def _add_layer(net, type_, name, bottom=(), top=()):
@@ -74,26 +70,6 @@ def _add_cont_scale(net, t):
 
 def _add_sum(net, name, bottoms, top):
     _add_layer(net, "Eltwise", name, bottoms, [top]).eltwise_param.operation = caffe_pb2.EltwiseParameter.SUM
-
-
-def _debug_info(net, last_layer, backward):
-    """Caffe's Net::ForwardDebugInfo / BackwardDebugInfo: the mean absolute data of every top (diff of every
-    bottom that gets one) and param of the unrolled net."""
-    what, field = ("Backward", "diff") if backward else ("Forward", "data")
-    for layer_id in range(last_layer + 1):
-        name, layer = net.layer_names[layer_id], net.layers[layer_id]
-        if backward:
-            blobs = [(net.blob_names[i], "bottom") for i, need in
-                     zip(net.bottom_ids[layer_id], net.bottom_need_backward[layer_id]) if need]
-        else:
-            blobs = [(net.blob_names[i], "top") for i in net.top_ids[layer_id]]
-        for blob_name, kind in blobs:
-            values = getattr(net.blob_by_name(blob_name), field)
-            log.info("    [%s] Layer %s, %s blob %s %s: %g", what, name, kind, blob_name, field,
-                     np.abs(values).mean())
-        for j, blob in enumerate(layer.blobs):
-            values = getattr(blob, field)
-            log.info("    [%s] Layer %s, param blob %d %s: %g", what, name, j, field, np.abs(values).mean())
 
 
 class _RecurrentLayer(Layer):
@@ -164,6 +140,7 @@ class _RecurrentLayer(Layer):
 
         # Phase TEST, as Caffe's (its NetParameter has no state); params filled when first used.
         net = self.unrolled_net = Net(net_param, fill_params=False)
+        net.debug_info = self.param.recurrent_param.debug_info
         self.last_layer = net.layer_index(pseudo_loss) - 1
         self.input_blobs = [net.blob_by_name(name) for name in inputs]
         self.recur_input_blobs = [net.blob_by_name(name) for name in self.recurrent_names]
@@ -251,8 +228,6 @@ class _RecurrentLayer(Layer):
             top[0].diff[...] = self.loss_weights[0]
         for t, blob in zip(top[1:], self.recur_output_blobs):
             t.share_data(blob)
-        if self.param.recurrent_param.debug_info:
-            _debug_info(self.unrolled_net, self.last_layer, backward=False)
 
     def backward(self, top, propagate_down, bottom):
         # Caffe backpropagates into x / x_static and every param unconditionally; we skip what is not asked for.
@@ -262,8 +237,6 @@ class _RecurrentLayer(Layer):
         for layer, p, k in self.param_slots:
             layer.param_propagate_down[p] = self.param_propagate_down[k]
         net.backward_from_to(self.last_layer, 0)
-        if self.param.recurrent_param.debug_info:
-            _debug_info(net, self.last_layer, backward=True)
 
     def input_transform_names(self):
         return ["x_transform"] + ([self.static_transform_name] if self.static_input else [])

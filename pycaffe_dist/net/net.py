@@ -13,6 +13,7 @@ from ..backend import device
 from ..errors import NetError
 from ..proto import caffe_pb2
 from ..layers import create_layer
+from . import debug_info as debug_log
 from .blob import Blob
 from .splits import insert_splits
 from .state import filter_net, make_state
@@ -37,6 +38,7 @@ class Net:
         self.state = state
         self.phase = state.phase
         self.name = param.name
+        self.debug_info = param.debug_info   # log what each layer wrote (net/debug_info.py)
         self.param = insert_splits(filter_net(param, state))
         self.layers, self.layer_names = [], []
         self._blob_list, self.blob_names = [], []      # all blobs, in order of creation
@@ -287,6 +289,8 @@ class Net:
                 layer.forward_gpu(bottom, top)
             else:
                 layer.forward(bottom, top)
+            if self.debug_info:
+                debug_log.forward(self, layer_id)
             for w, blob in zip(layer.loss_weights, top):
                 if w:
                     # Caffe's Layer::Forward: a dot of the top with its loss weights (in its diff), summed over
@@ -306,10 +310,15 @@ class Net:
                     layer.backward_gpu(top, self.bottom_need_backward[layer_id], bottom)
                 else:
                     layer.backward(top, self.bottom_need_backward[layer_id], bottom)
+                if self.debug_info:
+                    debug_log.backward(self, layer_id)
 
     def forward_backward(self):
+        """Caffe's ForwardBackward: its Backward, unlike BackwardFromTo, ends with the norms of all params."""
         loss = self.forward_from_to()
         self.backward_from_to()
+        if self.debug_info:
+            debug_log.param_norms(self)
         return loss
 
     def set_input_arrays(self, data, labels):

@@ -226,6 +226,7 @@ class Solver:
             for on_start, _ in self.callbacks:
                 on_start()
             display = p.display and self.iter % p.display == 0
+            self.net.debug_info = bool(display and p.debug_info)   # Caffe's Step: per-layer logs when displaying
             loss = f32(0)
             for _ in range(p.iter_size):
                 loss += f32(self.net.forward_backward())

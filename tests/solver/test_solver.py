@@ -132,6 +132,33 @@ def test_smoothed_loss_over_average_loss_iterations(tmp_path):
         assert smoothed[i] == pytest.approx(np.mean(window), rel=1e-5)
 
 
+def test_debug_info_logs_each_layer_on_display_iterations(tmp_path, caplog):
+    """Caffe's Step sets the net's debug_info to display && debug_info: per-layer mean absolute values after each
+    forward and backward, then the L1 / L2 norms of all params."""
+    s = Solver(solver_param(tmp_path, "debug_info: true display: 2"))
+    seen = []
+
+    def on_gradients():          # iteration 0's values, before the update rewrites the param diffs
+        if not seen:
+            net = s.net
+            seen.append({"[Forward] Layer ip, top blob p data": np.abs(net.blobs["p"].data).mean(),
+                         "[Forward] Layer ip, param blob 1 data": np.abs(net.layers[1].blobs[1].data).mean(),
+                         "[Backward] Layer loss, bottom blob p diff": np.abs(net.blobs["p"].diff).mean(),
+                         "[Backward] Layer ip, param blob 0 diff": np.abs(net.layers[1].blobs[0].diff).mean()})
+    s.callbacks.append((lambda: None, on_gradients))
+    with caplog.at_level(logging.INFO, logger="pycaffe_dist"):
+        s.step(3)                                         # iterations 0, 1, 2: 0 and 2 display
+    lines = [r.getMessage() for r in caplog.records if "[Forward]" in r.getMessage() or "[Backward] Layer" in
+             r.getMessage()]
+    assert len(lines) == 2 * 9                            # 4 tops, 2 params, 1 bottom diff, 2 param diffs
+    value = {line.rsplit(":", 1)[0].strip(): float(line.rsplit(":", 1)[1]) for line in lines[:9]}
+    for key, expected in seen[0].items():
+        assert value[key] == pytest.approx(expected, rel=1e-5), key
+    assert "[Backward] Layer ip, bottom blob x diff" not in value     # x needs no gradient
+    norms = [r for r in caplog.records if "All net params (data, diff): L1 norm = (" in r.getMessage()]
+    assert len(norms) == 2 and norms[0].levelno == logging.ERROR     # iterations 0 and 2 only
+
+
 def test_callbacks_see_the_gradients_before_the_update(tmp_path):
     s = Solver(solver_param(tmp_path))
     events = []
