@@ -188,12 +188,17 @@ class Net:
                     values[learnable_id] = getattr(spec, field)
 
     def _share_weights(self):
-        """Sharers use the owner's Blob object itself (Caffe's ShareData + ShareDiff)."""
+        """Caffe's ShareData + ShareDiff: a sharer of the owner's shape uses the owner's Blob object itself; one
+        of another shape (PERMISSIVE, same count) keeps its own shape over the owner's memory."""
         for i, owner in enumerate(self.param_owner):
             if owner >= 0:
                 layer_id, param_id = self.param_layer_index[i]
                 owner_layer, owner_param = self.param_layer_index[owner]
-                self.layers[layer_id].blobs[param_id] = self.layers[owner_layer].blobs[owner_param]
+                mine, theirs = self.layers[layer_id].blobs[param_id], self.layers[owner_layer].blobs[owner_param]
+                if mine.shape == theirs.shape:
+                    self.layers[layer_id].blobs[param_id] = theirs
+                else:
+                    mine.share_reshaped(theirs)
         self._refresh_param_lists()
 
     def _refresh_param_lists(self):

@@ -108,6 +108,33 @@ def test_weight_sharing_shape_mismatch_names_both_layers():
         net_from_text(SHARED % ("", 4))
 
 
+def test_permissive_sharing_keeps_each_blob_shape_over_one_memory():
+    """PERMISSIVE shares blobs of equal count: the sharer keeps its own shape (Caffe's ShareData and ShareDiff
+    share memory, not shapes), so ip_b's (5, 3) weights are ip_a's (3, 5) read in order, and both layers'
+    gradients add into the one diff."""
+    net = net_from_text("""
+        layer { name: "in" type: "Input" top: "a" top: "b" input_param { shape { dim: 4 dim: 5 } shape { dim: 4 dim: 3 } } }
+        layer { name: "ip_a" type: "InnerProduct" bottom: "a" top: "fa" param { name: "w" }
+                inner_product_param { num_output: 3 bias_term: false weight_filler { type: "gaussian" } } }
+        layer { name: "ip_b" type: "InnerProduct" bottom: "b" top: "fb" param { name: "w" share_mode: PERMISSIVE }
+                inner_product_param { num_output: 5 bias_term: false } }
+        layer { name: "ip_c" type: "InnerProduct" bottom: "fa" top: "fc" inner_product_param { num_output: 5 } }
+        layer { name: "loss" type: "EuclideanLoss" bottom: "fc" bottom: "fb" top: "loss" }
+    """)
+    wa, wb = net.layers[net.layer_index("ip_a")].blobs[0], net.layers[net.layer_index("ip_b")].blobs[0]
+    assert wa.shape == (3, 5) and wb.shape == (5, 3) and len(net.learnable_params) == 3
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((4, 5)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    net.blob_by_name("a").data[...], net.blob_by_name("b").data[...] = a, b
+    net.clear_param_diffs()
+    net.forward_backward()
+    np.testing.assert_array_equal(wb.data, wa.data.reshape(5, 3))
+    np.testing.assert_allclose(net.blob_by_name("fb").data, b @ wa.data.reshape(5, 3).T, rtol=1e-6)
+    dfa, dfb = net.blob_by_name("fa").diff, net.blob_by_name("fb").diff
+    expected = (dfa.T @ a).reshape(-1) + (dfb.T @ b).reshape(-1)
+    np.testing.assert_allclose(wa.diff.reshape(-1), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_weight_sharing_mismatched_lr_mult():
     with pytest.raises(NetError, match="shared param 'w' has mismatched lr_mult"):
         net_from_text(SHARED % ("lr_mult: 2", 3))
