@@ -171,7 +171,8 @@ class Net(_GraphNet):
         write_binary(os.fsdecode(path), self.to_proto())
 
     def share_with(self, other):
-        """Use `other`'s parameter blobs (Caffe's ShareTrainedLayersWith): layers matched by name."""
+        """Use `other`'s parameter data (Caffe's ShareTrainedLayersWith): layers matched by name; each net keeps
+        its own diffs, so that backward passes in one do not add into the other's gradients."""
         index = dict(zip(other.layer_names, other.layers))
         for name, layer in zip(self.layer_names, self.layers):
             source = index.get(name)
@@ -183,8 +184,7 @@ class Net(_GraphNet):
                 if blob.shape != layer.blobs[j].shape:
                     raise NetError("cannot share param %d of layer '%s': shape %s vs. %s"
                                    % (j, name, blob.shape, layer.blobs[j].shape))
-                layer.blobs[j] = blob
-        self._refresh_param_lists()
+                layer.blobs[j].share_data(blob)
 
 
 # --- solvers ------------------------------------------------------------------------------------------------

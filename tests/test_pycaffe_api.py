@@ -101,13 +101,17 @@ def test_forward_checks_inputs():
         net.forward(data=np.zeros((2, 1, 28, 28), np.float32))
 
 
-def test_share_with_uses_the_other_nets_blobs():
+def test_share_with_shares_the_other_nets_data_not_its_diffs():
+    """Caffe's ShareTrainedLayersWith: ShareData only, so a backward in one net leaves the other's diffs alone."""
     trained = caffe.Net(str(LENET_DEPLOY), str(LENET_WEIGHTS), caffe.TEST)
     fresh = caffe.Net(str(LENET_DEPLOY), caffe.TEST)
     fresh.share_with(trained)
-    assert fresh.params["ip1"][0] is trained.params["ip1"][0]
-    assert all(any(b is t for t in trained.learnable_params) for b in fresh.learnable_params)
-    assert [id(b) for b in fresh.param_blobs] == [id(b) for b in trained.param_blobs]
+    for mine, theirs in zip(fresh.param_blobs, trained.param_blobs):
+        assert np.shares_memory(mine.data, theirs.data) and not np.shares_memory(mine.diff, theirs.diff)
+    trained.params["ip1"][0].data[0, 0] = 7.0                  # later changes show through
+    assert fresh.params["ip1"][0].data[0, 0] == 7.0
+    fresh.params["ip1"][0].diff[...] = 1.0
+    assert not trained.params["ip1"][0].diff.any()
     text = LENET_DEPLOY.read_text().replace("num_output: 500", "num_output: 300")
     other = caffe.Net(parse_text(text, caffe.caffe_pb2.NetParameter()), caffe.TEST)
     with pytest.raises(NetError, match=r"cannot share param 0 of layer 'ip1': shape \(500, 800\) vs. \(300, 800\)"):

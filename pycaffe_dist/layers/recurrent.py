@@ -156,7 +156,7 @@ class _RecurrentLayer(Layer):
 
     def _bind_params(self):
         """Caffe's unrolled_net_->ShareWeights(): every time step uses this layer's blobs, also after someone
-        replaced them (Net.share_with, as a test net sharing the train net's weights)."""
+        replaced them."""
         if all(layer.blobs[p] is self.blobs[k] for layer, p, k in self.param_slots):
             return
         for layer, p, k in self.param_slots:

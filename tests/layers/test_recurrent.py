@@ -332,7 +332,7 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "lo
 
 def test_in_a_net_with_shared_weights():
     """In a Net: filled params in Caffe's order, forward as the reference, a loss gradient reaches x; a test net
-    sharing the train net's weights (Net.share_with replaces the blobs) uses them at its next forward."""
+    sharing the train net's weights (Net.share_with shares their data) uses them at its next forward."""
     param = parse_text(NET, caffe_pb2.NetParameter())
     train = Net(param, phase=TRAIN)
     x = RNG.standard_normal((3, 2, 3))

@@ -53,7 +53,7 @@ def test_generic_net_gives_one_test_net_per_test_iter_with_its_test_state(tmp_pa
     assert all(n.phase == caffe_pb2.TEST for n in s.test_nets)
     s.step(5)          # tests at iterations 0 and 4
     for net in s.test_nets:
-        assert net.params["ip"][0] is s.net.params["ip"][0]     # the train net's weights, shared
+        assert np.shares_memory(net.params["ip"][0].data, s.net.params["ip"][0].data)   # the train net's weights
     assert [name for name, _ in s.test_scores[0]] == ["loss"] + ["p2"] * 16      # every output element, by name
     assert [name for name, _ in s.test_scores[1]] == ["loss"]
 
@@ -316,6 +316,6 @@ def test_pycaffe_solver_classes(tmp_path):
     assert adam.type == "Adam" and len(adam.history) == 4
     other = caffe.Net(net_param(), caffe.TEST)
     s.share_weights(other)
-    assert other.params["ip"][0] is s.net.params["ip"][0]
+    assert np.shares_memory(other.params["ip"][0].data, s.net.params["ip"][0].data)
     s.solve()
     assert s.iter == 4 and (tmp_path / "solver_iter_4.caffemodel").exists()   # snapshot_prefix from the file name
