@@ -191,8 +191,9 @@ class DataLayer(_PrefetchingLayer):
 @register("MemoryData")
 class MemoryDataLayer(_SourceLayer):
     """Batches handed over from Python (`net.set_input_arrays(data, labels)`, Caffe's MemoryDataLayer::Reset);
-    tops data (batch, C, H, W) and label (batch,), (batch, 1, 1, 1) once a forward ran. Each forward takes the next batch_size rows, wrapping around.
-    Like Caffe's Reset path, the arrays are used as given (no transform_param)."""
+    tops data (batch, C, H, W) and label (batch,), (batch, 1, 1, 1) once a forward ran. Each forward takes the
+    next batch_size rows, wrapping around. Like Caffe's Reset path, the arrays are used as given (no
+    transform_param)."""
     exact_num_top = 2
 
     def layer_setup(self, bottom, top):
