@@ -113,7 +113,8 @@ def test_permissive_sharing_keeps_each_blob_shape_over_one_memory():
     share memory, not shapes), so ip_b's (5, 3) weights are ip_a's (3, 5) read in order, and both layers'
     gradients add into the one diff."""
     net = net_from_text("""
-        layer { name: "in" type: "Input" top: "a" top: "b" input_param { shape { dim: 4 dim: 5 } shape { dim: 4 dim: 3 } } }
+        layer { name: "in" type: "Input" top: "a" top: "b"
+                input_param { shape { dim: 4 dim: 5 } shape { dim: 4 dim: 3 } } }
         layer { name: "ip_a" type: "InnerProduct" bottom: "a" top: "fa" param { name: "w" }
                 inner_product_param { num_output: 3 bias_term: false weight_filler { type: "gaussian" } } }
         layer { name: "ip_b" type: "InnerProduct" bottom: "b" top: "fb" param { name: "w" share_mode: PERMISSIVE }
