@@ -46,8 +46,8 @@ static inline __attribute__((always_inline)) void pcd_dw_block(const int mb, con
            a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
     const ptrdiff_t t_0 = s->tap[t0], t_1 = tb > 1 ? s->tap[t0 + 1] : 0, t_2 = tb > 2 ? s->tap[t0 + 2] : 0;
     const int full = s->cols / 8 * 8, rest = s->cols - full;
-    /* y's vector is used by 3 FMAs: without this, gcc folds its load into each of them, and the loads (not the
-       multiplies) then bound the loop */
+    /* each loaded vector is used by 3 or 4 FMAs: without this, gcc folds its load into each of them (it did so
+       for the image vectors, 16 loads for 12 FMAs), and the loads (not the multiplies) then bound the loop */
 #define PCD_IN_REGISTER(v) __asm__("" : "+x"(v))
     for (int n = 0; n < s->images; n++) {
         const float* yn = s->y + n * s->y_image + m0 * s->y_channel;
@@ -70,6 +70,7 @@ static inline __attribute__((always_inline)) void pcd_dw_block(const int mb, con
                 __m256 x0 = LOAD(xr + t_0 + x), x1 = _mm256_setzero_ps(), x2 = x1;                              \
                 if (tb > 1) x1 = LOAD(xr + t_1 + x);                                                            \
                 if (tb > 2) x2 = LOAD(xr + t_2 + x);                                                            \
+                PCD_IN_REGISTER(x0); PCD_IN_REGISTER(x1); PCD_IN_REGISTER(x2);                                  \
                 PCD_DW_ROW(LOAD, 0, a00, a01, a02)                                                              \
                 PCD_DW_ROW(LOAD, 1, a10, a11, a12)                                                              \
                 PCD_DW_ROW(LOAD, 2, a20, a21, a22)                                                              \
