@@ -15,9 +15,12 @@ prototxt) with torch.set_num_threads. Each setting runs `--rounds` processes of 
 shared machines run for seconds at a time up to 1.3x slower (a LeNet iteration 16.6 ms instead of 12.9), and
 one process each could land one framework in a slow spell and the other in a fast one. The real Caffe's figures
 on these machines (1 thread, from `caffe time`) are quoted for reference: 17.4 ms (LeNet), 162 ms (CIFAR-10
-quick). A float32 GEMM through numpy's BLAS on one thread, before and after the nets, says how fast the machine
-ran. Peak RSS is the process's maximum resident set (the largest of the rounds); "+RSS" subtracts what the
-process held before building the net (Python, numpy or torch themselves).
+quick). A float32 GEMM through numpy's BLAS on one thread, timed after each of our timed iterations (off their
+clock), says how fast the machine ran meanwhile; the row's "GEMM floor" is the net's forward+backward FLOPs
+(counted as in GPU mode below) at that rate times the threads: what its products alone would take, the floor
+issue 3 names (8 and 66 ms at 104 GFLOP/s). Peak RSS is the process's maximum resident set (the largest of the
+rounds); "+RSS" subtracts what the process held before building the net (Python, numpy or torch themselves, and
+for ours the GEMM's two 1 MB matrices).
 
 GPU mode (--gpu; needs pycuda, the nvcc-built kernels and PyTorch with CUDA). Nets and batches: LeNet 64,
 CIFAR-10 quick 100, AlexNet 128 (bench/nets/alexnet_input.prototxt: Caffe's bvlc_alexnet train_val with Input
@@ -81,9 +84,10 @@ def _net_param(net_name):
     return param
 
 
-def _times_ms(step, iterations, sync=None):
+def _times_ms(step, iterations, sync=None, between=None):
     """Wall times of `iterations` calls of `step` after WARMUP calls; with `sync` (asynchronous devices), the
-    device is idle when the clock starts and has finished the step's work when it stops."""
+    device is idle when the clock starts and has finished the step's work when it stops; `between` runs after each
+    timed call, off the clock."""
     for _ in range(WARMUP):
         step()
     times = []
@@ -95,6 +99,8 @@ def _times_ms(step, iterations, sync=None):
         if sync is not None:
             sync()
         times.append(1000.0 * (time.perf_counter() - start))
+        if between is not None:
+            between()
     return times
 
 
@@ -120,10 +126,29 @@ def run_ours(net_name, threads, iterations):
     from pycaffe_dist.net.net import Net
     from pycaffe_dist.proto import caffe_pb2
     common.set_num_threads(threads)
+    gemm_sample, gemm_gflops = _gemm_sampler()
+    gemm_sample()   # BLAS's own buffers, allocated at its first call, belong to the base too
+    del gemm_gflops[:]
     base = _peak_rss_mb()
     net = Net(_net_param(net_name), phase=caffe_pb2.TRAIN)
     _random_inputs(net)
-    return _times_ms(net.forward_backward, iterations), base
+    times = _times_ms(net.forward_backward, iterations, between=gemm_sample)
+    return {"times_ms": times, "gemm_gflops": gemm_gflops, "flops": fwd_bwd_flops(net)}, base
+
+
+def _gemm_sampler():
+    """A function that times one float32 CALIBRATION_N^3 GEMM through numpy's BLAS (one thread: see
+    common.set_num_threads) and adds its GFLOP/s to the list returned with it: how fast the machine runs now."""
+    import numpy as np
+    a = np.random.default_rng(0).standard_normal((CALIBRATION_N, CALIBRATION_N)).astype(np.float32)
+    c = np.empty_like(a)
+    rates = []
+
+    def sample():
+        start = time.perf_counter()
+        np.matmul(a, a, out=c)
+        rates.append(2.0 * CALIBRATION_N ** 3 / (time.perf_counter() - start) / 1e9)
+    return sample, rates
 
 
 def fwd_bwd_flops(net):
@@ -243,7 +268,7 @@ def run_torch(net_name, threads, iterations):
     def step():
         model.zero_grad(set_to_none=False)
         loss_fn(model(x), y).backward()
-    return _times_ms(step, iterations), base
+    return {"times_ms": _times_ms(step, iterations)}, base
 
 
 def _torch_on(device_name, tf32):
@@ -324,13 +349,10 @@ def child(args):
         # pycuda aborts the process at exit when a context is still pushed, as our CudaDevice leaves its primary
         # context: the result is out, so leave without the interpreter's teardown.
         os._exit(0)
-    if args.child == "gemm-cpu":
-        print(json.dumps({"gflops": cpu_gemm_gflops()}))
-        return
     runner = run_ours if args.child == "ours" else run_torch
-    times, base = runner(args.nets, args.threads_one, args.iterations)
+    result, base = runner(args.nets, args.threads_one, args.iterations)
     peak = _peak_rss_mb()
-    print(json.dumps({"times_ms": times, "peak_mb": peak, "extra_mb": peak - base}))
+    print(json.dumps(dict(result, peak_mb=peak, extra_mb=peak - base)))
 
 
 def _in_turns(net_name, threads, iterations, rounds, have_torch):
@@ -348,18 +370,9 @@ def _in_turns(net_name, threads, iterations, rounds, have_torch):
             return None
         return {"ms": _median([t for res in results for t in res["times_ms"]]),
                 "peak_mb": max(res["peak_mb"] for res in results),
-                "extra_mb": max(res["extra_mb"] for res in results)}
+                "extra_mb": max(res["extra_mb"] for res in results), "flops": results[0].get("flops"),
+                "gemm_gflops": _median([g for res in results for g in res.get("gemm_gflops", [])] or [0.0])}
     return pooled(runs["ours"]), pooled(runs["torch"])
-
-
-def cpu_gemm_gflops():
-    """numpy's float32 GEMM of CALIBRATION_N^3 (best of 20) on one thread, in GFLOP/s: how fast this machine is now."""
-    import numpy as np
-    from pycaffe_dist import common
-    common.single_threaded_blas()
-    a = np.random.default_rng(0).standard_normal((CALIBRATION_N, CALIBRATION_N)).astype(np.float32)
-    best = min(_times_ms(lambda: a @ a, 20))
-    return 2.0 * CALIBRATION_N ** 3 / (best * 1e-3) / 1e9
 
 
 def measure(which, net_name, threads, iterations, extra=()):
@@ -393,7 +406,7 @@ def main():
     ap.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)   # cpu: check the torch side here
     ap.add_argument("--rounds", type=int, default=3,
                     help="CPU mode: processes per framework and setting, taken in turns (default 3; see the docstring)")
-    ap.add_argument("--child", choices=["ours", "torch", "gemm-ours", "gemm-torch", "gemm-cpu"],
+    ap.add_argument("--child", choices=["ours", "torch", "gemm-ours", "gemm-torch"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--threads-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -414,25 +427,28 @@ def main():
         print("bench: PyTorch is not installed (pip install torch==2.13.0): its columns stay empty")
     rows = []
     header = ("net", "threads", "pycaffe-dist ms", "PyTorch ms", "ours/PyTorch", "Caffe ms (1 thr)",
-              "ours/Caffe", "peak RSS ours MB", "peak RSS torch MB", "+RSS ours", "+RSS torch")
+              "ours/Caffe", "GEMM GFLOP/s", "GEMM floor ms", "ours % of GEMM", "peak RSS ours MB",
+              "peak RSS torch MB", "+RSS ours", "+RSS torch")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    gflops_before = measure("gemm-cpu", None, 1, 0)["gflops"]
     for net_name in args.nets.split(","):
         for threads in [int(t) for t in args.threads.split(",")]:
             ours, ref = _in_turns(net_name, threads, args.iterations, args.rounds, have_torch)
+            gemm_gflops = ours["gemm_gflops"]
             caffe = CAFFE_MS.get(net_name) if threads == 1 else None
+            floor_ms = ours["flops"] / (threads * gemm_gflops * 1e9) * 1e3
             row = (net_name, threads, "%.1f" % ours["ms"], "%.1f" % ref["ms"] if ref else "-",
                    "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-", "%.1f" % caffe if caffe else "-",
-                   "%.2f" % (ours["ms"] / caffe) if caffe else "-", "%.0f" % ours["peak_mb"],
+                   "%.2f" % (ours["ms"] / caffe) if caffe else "-", "%.0f" % gemm_gflops, "%.1f" % floor_ms,
+                   "%.0f" % (100 * floor_ms / ours["ms"]), "%.0f" % ours["peak_mb"],
                    "%.0f" % ref["peak_mb"] if ref else "-", "%.0f" % ours["extra_mb"],
                    "%.0f" % ref["extra_mb"] if ref else "-")
-            rows.append((net_name, threads, ours["ms"], ref["ms"] if ref else None))
+            rows.append((net_name, threads, ours["ms"], ref["ms"] if ref else None, floor_ms))
             print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
-    gflops_after = measure("gemm-cpu", None, 1, 0)["gflops"]
-    print("\nThis machine in the same run: float32 GEMM %d^3 through numpy's BLAS on one thread, %.0f GFLOP/s before "
-          "and %.0f after the nets (issue 3 puts the machines at about 104 GFLOP/s a core)."
-          % (CALIBRATION_N, gflops_before, gflops_after))
+    print("\nGEMM GFLOP/s: a float32 %d^3 GEMM through numpy's BLAS on one thread, timed after each of our timed\n"
+          "iterations (the median; issue 3 puts these machines at about 104 GFLOP/s a core). GEMM floor: the net's\n"
+          "forward+backward FLOPs at that rate times the threads, what its products alone take; ours %% of GEMM =\n"
+          "floor / ours." % CALIBRATION_N)
     if args.plot:
         plot(rows, args.plot)
 
@@ -494,14 +510,17 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    labels = ["%s\n%d thread%s" % (n, t, "s" if t > 1 else "") for n, t, _, _ in rows]
+    labels = ["%s\n%d thread%s" % (n, t, "s" if t > 1 else "") for n, t, _, _, _ in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(1.8 * len(rows) + 2, 4))
     ax.bar([x - 0.2 for x in xs], [r[2] for r in rows], 0.4, label="pycaffe-dist")
     ax.bar([x + 0.2 for x in xs], [r[3] or 0 for r in rows], 0.4, label="PyTorch CPU")
+    ax.hlines([r[4] for r in rows], [x - 0.45 for x in xs], [x + 0.45 for x in xs], colors="black",
+              label="GEMM floor (the FLOPs at the measured GEMM rate)")
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("forward+backward ms / iteration")
-    ax.legend()
+    ax.margins(y=0.3)   # room for the legend above the bars
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path)
     print("bench: wrote", path)
