@@ -368,10 +368,13 @@ def _in_turns(net_name, threads, iterations, rounds, have_torch):
     def pooled(results):
         if not results:
             return None
-        return {"ms": _median([t for res in results for t in res["times_ms"]]),
-                "peak_mb": max(res["peak_mb"] for res in results),
-                "extra_mb": max(res["extra_mb"] for res in results), "flops": results[0].get("flops"),
-                "gemm_gflops": _median([g for res in results for g in res.get("gemm_gflops", [])] or [0.0])}
+        summary = {"ms": _median([t for res in results for t in res["times_ms"]]),
+                   "peak_mb": max(res["peak_mb"] for res in results),
+                   "extra_mb": max(res["extra_mb"] for res in results)}
+        if "flops" in results[0]:   # ours: the net's FLOPs and the GEMM rate timed between its iterations
+            summary.update(flops=results[0]["flops"],
+                           gemm_gflops=_median([g for res in results for g in res["gemm_gflops"]]))
+        return summary
     return pooled(runs["ours"]), pooled(runs["torch"])
 
 
