@@ -6,12 +6,13 @@ persists in SolverState.current_step.
 The arithmetic follows the C++ overloads Caffe's expressions pick, so that the rate is the same float32
 number: the solver fields are floats; std::pow(float, int) is the double overload, so step, exp and multistep
 are computed in double and rounded to float once; std::pow(float, float) (inv, poly) is powf and std::exp(float)
-(sigmoid) is expf, with the rest of those expressions in float. numpy's float32 power is powf; its exp is not
-glibc's, so expf is taken as the float32 rounding of the double exp.
+(sigmoid) is expf, with the rest of those expressions in float. The pow and exp are the C library's (`libm`),
+never numpy's, whose vectorised versions differ from libm by an ulp on some CPUs.
 """
 
 import numpy as np
 
+from .. import libm
 from ..errors import SolverError
 
 POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
@@ -30,12 +31,6 @@ def check_policy(param, source="solver"):
         raise SolverError("%s: lr_policy %s needs stepsize > 0, got %d" % (source, policy, param.stepsize))
 
 
-def _pow(base, exponent):
-    """std::pow in double: inf past the range (math.pow raises OverflowError instead)."""
-    with np.errstate(over="ignore"):
-        return float(np.power(np.float64(base), np.float64(exponent)))
-
-
 def learning_rate(param, iteration, current_step=0, source="solver"):
     """Return (rate as float32, current_step) for the update that follows `iteration` completed updates."""
     check_policy(param, source)
@@ -45,20 +40,20 @@ def learning_rate(param, iteration, current_step=0, source="solver"):
         rate = base
     elif policy == "step":
         current_step = iteration // param.stepsize
-        rate = float(base) * _pow(gamma, current_step)
+        rate = float(base) * libm.pow(gamma, current_step)
     elif policy == "exp":
-        rate = float(base) * _pow(gamma, iteration)
+        rate = float(base) * libm.pow(gamma, iteration)
     elif policy == "inv":
-        rate = base * np.power(f32(1) + gamma * f32(iteration), -power)
+        rate = base * libm.powf(f32(1) + gamma * f32(iteration), -power)
     elif policy == "multistep":
         # At most one step per call, as Caffe does.
         if current_step < len(param.stepvalue) and iteration >= param.stepvalue[current_step]:
             current_step += 1
-        rate = float(base) * _pow(gamma, current_step)
+        rate = float(base) * libm.pow(gamma, current_step)
     elif policy == "poly":
-        rate = base * np.power(f32(1) - f32(iteration) / f32(param.max_iter), power)
+        rate = base * libm.powf(f32(1) - f32(iteration) / f32(param.max_iter), power)
     else:  # sigmoid
+        decay = libm.expf(-gamma * (f32(iteration) - f32(param.stepsize)))
         with np.errstate(over="ignore"):    # exp past the range is inf, and the rate 0, as in C++
-            decay = f32(np.exp(np.float64(-gamma * (f32(iteration) - f32(param.stepsize)))))
             rate = base * (f32(1) / (f32(1) + decay))
     return f32(rate), current_step

@@ -13,6 +13,7 @@ The functions work in place, as Caffe does on its blobs: `diff` (the gradient) b
 
 import numpy as np
 
+from .. import libm
 from .._kernels import updates as _fused
 from ..errors import SolverError
 from . import lr_policy
@@ -135,9 +136,9 @@ def adadelta(diff, history, update_history, local_rate, momentum, delta):
 def adam_correction(beta1, beta2, t):
     """sqrt(1 - beta2^t) / (1 - beta1^t), computed in double from the float betas (std::pow(float, int)) and
     rounded to float, as Caffe's AdamSolver does."""
-    b1, b2 = np.float64(f32(beta1)), np.float64(f32(beta2))
+    b1, b2 = float(f32(beta1)), float(f32(beta2))
     with np.errstate(all="ignore"):     # beta1 = 1 or beta2 > 1: inf or NaN, as in C++ (math.* would raise)
-        return f32(np.sqrt(1.0 - np.power(b2, t)) / (1.0 - np.power(b1, t)))
+        return f32(np.sqrt(np.float64(1.0 - libm.pow(b2, t))) / np.float64(1.0 - libm.pow(b1, t)))
 
 
 def adam(diff, m, v, local_rate, beta1, beta2, delta, t):
