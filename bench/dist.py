@@ -180,7 +180,7 @@ def score(net, path):
     as right)."""
     import math
     import numpy as np
-    from pycaffe_dist.solver.snapshot import load_weights
+    from pycaffe_dist.io.caffemodel import load_weights
     load_weights(net, str(path))
     accuracy = loss = 0.0
     for _ in range(TEST_BATCHES):

@@ -33,7 +33,7 @@ layers). Each measurement again runs in its own process:
   Convolutions and matmuls in IEEE float32, as ours (cuBLAS's default math): PyTorch's own default lets cuDNN use
   TF32 for convolutions, which --torch-tf32 restores. cudnn.benchmark stays off (PyTorch's default).
 - Timing: GPU work is asynchronous, so each iteration is bracketed by a device synchronisation
-  (device.current().synchronize() for ours, torch.cuda.synchronize() for PyTorch) before the clock is read at each
+  (select.current().synchronize() for ours, torch.cuda.synchronize() for PyTorch) before the clock is read at each
   end; the median of `--iterations` after 3 warm-up iterations.
 - GEMM reference, in the same run: a float32 C = A B of `--gemm-size`^3 (default 8192) through our device's gemm
   (cuBLAS on DeviceArrays) and through torch.matmul, 2 n^3 FLOPs each, median of 10 after 3 warm-ups, in TFLOP/s.
@@ -155,8 +155,8 @@ def fwd_bwd_flops(net):
     """FLOPs of one forward+backward of a built Net (the docstring says how the backward is counted)."""
     total = 0
     for layer_id, layer in enumerate(net.layers):
-        bottom = [net._blob_list[i] for i in net.bottom_ids[layer_id]]
-        top = [net._blob_list[i] for i in net.top_ids[layer_id]]
+        bottom = [net.blob_list[i] for i in net.bottom_ids[layer_id]]
+        top = [net.blob_list[i] for i in net.top_ids[layer_id]]
         forward = int(layer.flops(bottom, top))
         backward = 0
         if net.layer_need_backward[layer_id]:

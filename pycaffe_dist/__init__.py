@@ -11,7 +11,7 @@ from .errors import (DataError, ModelFileError, NetError, PrototxtError, Pycaffe
                      UpgradeError)
 from . import io
 from .layers.python_layer import UserLayer as Layer
-from .net.blob import Blob
+from .blob.blob import Blob
 from .net_spec import NetSpec, layers, params, to_proto
 from .proto import caffe_pb2
 from .pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, Net, NesterovSolver, RMSPropSolver,

@@ -29,7 +29,7 @@ def cmd_net_info(args):
     net = Net(read_net(args.net), phase=args.phase, level=args.level, stages=args.stage,
               fill_params=bool(args.weights))
     if args.weights:
-        from .solver.snapshot import load_weights
+        from .io.caffemodel import load_weights
         load_weights(net, args.weights)
     elapsed = time.perf_counter() - start
     print(format_table(net))
@@ -39,7 +39,7 @@ def cmd_net_info(args):
 
 def cmd_upgrade(args):
     from .io import upgrade
-    from .io.binaryproto import read_binary, write_binary
+    from .proto.binary import read_binary, write_binary
     from .io.prototxt import read_text, write_text
     from .proto import caffe_pb2
     binary = args.input.endswith((".caffemodel", ".binaryproto"))
@@ -80,7 +80,7 @@ def cmd_time(args):
         raise PycaffeDistError("--iterations must be at least 1, got %d" % args.iterations)
     net = Net(read_net(args.model), phase=args.phase, level=args.level, stages=args.stage)
     if args.weights:
-        from .solver.snapshot import load_weights
+        from .io.caffemodel import load_weights
         load_weights(net, args.weights)
     print("Testing for %d iterations." % args.iterations)
 
@@ -181,7 +181,7 @@ def _mode_options(args):
 
 def cmd_train_distributed(args):
     """`train --workers N`: a private redis-server (or --redis), the master and N workers on this machine."""
-    from .dist import launch
+    from .distributed import launch
     from .solver import training_log
     if args.snapshot and args.weights:
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
@@ -217,7 +217,7 @@ def cmd_train_distributed(args):
 
 def cmd_master(args):
     """The master of a distributed job: publishes it on Redis, merges the workers' results, tests, snapshots."""
-    from .dist.master import Master
+    from .distributed.master import Master
     from .solver import training_log
     if not args.resume and not args.solver:
         raise PycaffeDistError("master needs --solver (or --resume with --job)")
@@ -226,7 +226,7 @@ def cmd_master(args):
                     resume=args.resume, snapshot=args.snapshot, weights=args.weights, threads=args.threads or 1,
                     heartbeat_s=args.heartbeat, join_timeout_s=args.join_timeout, keep=args.keep,
                     max_iter=args.iterations, stats_path=args.stats, retry_s=args.redis_retry)
-    from .dist.store import describe
+    from .distributed.store import describe
     print("job %s on %s" % (master.job, describe(master.store.urls[0])), file=sys.stderr, flush=True)
     master.run()
     return 0
@@ -234,13 +234,12 @@ def cmd_master(args):
 
 def cmd_worker(args):
     """A worker of a distributed job: everything it needs comes from Redis, but the data paths."""
-    from .dist.worker import Worker
+    from .distributed.worker import Worker
     from .solver import training_log
-    training_log.attach(logging.getLogger("pycaffe_dist.dist"))
+    training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.WARNING)
     if select.choose(args.gpu) is not None:
-        from .backend import device
-        print("computing on GPU %s: %s" % (args.gpu, device.current().name), file=sys.stderr, flush=True)
+        print("computing on GPU %s: %s" % (args.gpu, select.current().name), file=sys.stderr, flush=True)
     worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
                     wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry)
     stats = worker.run()
@@ -250,7 +249,7 @@ def cmd_worker(args):
 
 def cmd_status(args):
     """A distributed job's members, rates, global iteration, last test and snapshots, read from Redis."""
-    from .dist.status import show
+    from .distributed.status import show
     print(show(args.redis, args.job, as_json=args.json, remove=args.remove))
     return 0
 
@@ -278,7 +277,7 @@ def cmd_test(args):
     import numpy as np
     from .pycaffe import TEST, Net
     from .solver import training_log
-    from .solver.snapshot import load_weights
+    from .io.caffemodel import load_weights
     from .solver.solver import output_values
     training_log.attach(logging.getLogger("pycaffe_dist"))
     log = logging.getLogger("pycaffe_dist.cli")

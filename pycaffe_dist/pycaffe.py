@@ -9,12 +9,12 @@ import os
 import numpy as np
 
 from .errors import NetError
-from .io.binaryproto import write_binary
+from .io.caffemodel import load_weights
 from .io.load import read_net
-from .net.net import Net as _GraphNet
+from .net import net as _net
 from .proto import caffe_pb2
-from .solver.snapshot import load_weights
-from .solver.solver import Solver
+from .proto.binary import write_binary
+from .solver import solver as _solver
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
 
@@ -27,9 +27,10 @@ def _net_param(spec):
     raise TypeError("Net() takes a prototxt path or a NetParameter, not %r" % type(spec).__name__)
 
 
-class Net(_GraphNet):
+class Net(_net.Net):
     """Net(network_file, phase, level=0, stages=None, weights=None), or the older Net(network_file, weights,
-    phase); phase and weights may also be keywords."""
+    phase); phase and weights may also be keywords. The graph and its running are net.Net's; this adds pycaffe's
+    dictionaries, keyword forward/backward and file-name weight I/O."""
 
     def __init__(self, network_file, *args, phase=None, weights=None, level=0, stages=None):
         args = list(args)
@@ -49,18 +50,11 @@ class Net(_GraphNet):
         if weights is not None:
             self.copy_from(weights)
 
-    @classmethod
-    def from_state(cls, param, state):
-        """A net built for a full NetState (phase, level, stages), as the Solver builds its nets."""
-        net = cls.__new__(cls)
-        _GraphNet.__init__(net, param, state=state)
-        return net
-
     # --- pycaffe's dictionaries ---------------------------------------------------------------------------
 
     @property
     def blobs(self):
-        return collections.OrderedDict((n, b) for n, b in zip(self.blob_names, self._blob_list) if n != "(automatic)")
+        return collections.OrderedDict((n, b) for n, b in zip(self.blob_names, self.blob_list) if n != "(automatic)")
 
     @property
     def params(self):
@@ -170,28 +164,17 @@ class Net(_GraphNet):
     def save(self, path):
         write_binary(os.fsdecode(path), self.to_proto())
 
-    def share_with(self, other):
-        """Use `other`'s parameter data (Caffe's ShareTrainedLayersWith): layers matched by name; each net keeps
-        its own diffs, so that backward passes in one do not add into the other's gradients."""
-        index = dict(zip(other.layer_names, other.layers))
-        for name, layer in zip(self.layer_names, self.layers):
-            source = index.get(name)
-            if source is None or not source.blobs:
-                continue
-            if len(source.blobs) != len(layer.blobs):
-                raise NetError("incompatible number of blobs for layer '%s'" % name)
-            for j, blob in enumerate(source.blobs):
-                if blob.shape != layer.blobs[j].shape:
-                    raise NetError("cannot share param %d of layer '%s': shape %s vs. %s"
-                                   % (j, name, blob.shape, layer.blobs[j].shape))
-                layer.blobs[j].share_data(blob)
-
 
 # --- solvers ------------------------------------------------------------------------------------------------
 
+class Solver(_solver.Solver):
+    """The Solver with pycaffe's Net for its train and test nets (solver.net.blobs, .params, forward(...))."""
+    net_class = Net
+
+
 def get_solver(filename):
     """A solver of the type the file names (`type`, default SGD), as caffe.get_solver."""
-    return Solver(os.fsdecode(filename))
+    return Solver(filename if isinstance(filename, caffe_pb2.SolverParameter) else os.fsdecode(filename))
 
 
 class SGDSolver(Solver):

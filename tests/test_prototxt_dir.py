@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.io import upgrade
-from pycaffe_dist.io.binaryproto import write_mean_file
+from pycaffe_dist.blob.binaryproto import write_blob_file
 from pycaffe_dist.io.load import describe_net_upgrade, read_net, read_solver
 from pycaffe_dist.io.prototxt import read_text
 from pycaffe_dist.net.net import Net
@@ -163,7 +163,7 @@ def test_training_net_builds_and_runs_on_tiny_datumfiles(name, phase, tmp_path, 
     for source, _ in sources.values():
         write_datumfile(tmp_path / source, shape, 3)
     if mean_file:
-        write_mean_file(tmp_path / mean_file, np.full((1,) + shape, 127.0, np.float32))
+        write_blob_file(tmp_path / mean_file, np.full((1,) + shape, 127.0, np.float32))
     monkeypatch.chdir(tmp_path)
     net = Net(param, phase=phase, fill_params=True)
     batch = sources[phase][1]

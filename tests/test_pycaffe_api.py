@@ -71,7 +71,7 @@ def test_copy_from_bad_files(tmp_path):
 
 
 def test_copy_from_reads_hdf5_models_and_fills_the_first_layer_of_a_name(tmp_path):
-    from pycaffe_dist.solver.snapshot import write_model
+    from pycaffe_dist.io.caffemodel import write_model
     net = caffe.Net(str(LENET_DEPLOY), caffe.TEST, weights=str(LENET_WEIGHTS))
     write_model(net, str(tmp_path / "lenet.caffemodel.h5"), hdf5=True)
     back = caffe.Net(str(LENET_DEPLOY), caffe.TEST, weights=str(tmp_path / "lenet.caffemodel.h5"))

@@ -74,7 +74,7 @@ def test_zoo_file(rel):
                 Net(param, phase=phase, stages=stages, fill_params=False)
         else:
             net = Net(param, phase=phase, stages=stages, fill_params=False)
-            assert all(all(d >= 0 for d in b.shape) for b in net._blob_list)
+            assert all(all(d >= 0 for d in b.shape) for b in net.blob_list)
             built += 1
     if not any(l.type in SOURCE_LAYERS or l.type == "Python" for l in param.layer):
         assert built, "a net without data sources must build in some state"

@@ -10,12 +10,13 @@ Names are those of convolution: the "image side" is what im2col reads (a convolu
 deconvolution's top), W is (out_channels, in_channels / group, *kernel), the "output side" is
 (N, out_channels, P). A deconvolution's forward is a convolution's backward, and vice versa.
 """
+import math
+
 import numpy as np
 
 from .. import common
 from . import blas
 from .._kernels import im2col as _k
-from ..net.blob import count as _count
 
 COL_CHUNK_BYTES = 512 << 10   # column buffer per chunk: about L2-sized, so the GEMM reads what im2col wrote from L2
 # float32 2-D convolutions multiply straight from the images (csrc/sgemm.h) where the build has AVX2 and FMA;
@@ -51,14 +52,14 @@ class ConvEngine:
         col_shape = _k.col_shape(*self.geometry)
         self.rows = col_shape[0]                                      # C * prod(kernel)
         self.out_spatial = tuple(col_shape[1:])
-        self.positions = _count(self.out_spatial)                     # P
+        self.positions = math.prod(self.out_spatial)                        # P
         self.group = int(group)
         self.out_channels = int(out_channels)
         self._scratch = {}
         # 2-D images are unrolled from a zero-padded copy (one per thread, in the scratch buffer).
         self.padded_count = 0
         if len(spatial) == 2 and not self.force_nd:
-            self.padded_count = self.im_shape[0] * _count([d + 2 * p for d, p in zip(spatial, pad)])
+            self.padded_count = self.im_shape[0] * math.prod(d + 2 * p for d, p in zip(spatial, pad))
 
     def _chunk(self, num, itemsize, threads):
         per_image = max(1, self.rows * self.positions * itemsize)

@@ -2,9 +2,10 @@
 
 Two devices implement it: `cuda.CudaDevice` (pycuda, cuBLAS, the nvcc-built kernels) and
 `emulated.EmulatedDevice` (host memory, the same kernel sources compiled for the host, numpy's BLAS), on which
-the tests run the GPU code path where no GPU is. Layers and solvers see only this interface:
+the tests run the GPU code path where no GPU is. Layers and solvers see only this interface, and get the
+process's device from backend/select.py:
 
-    dev = device.current()
+    dev = select.current()
     dev.launch("relu_forward", n, x.ptr... )   # a kernel of csrc/cuda by name; its first argument is n
     dev.gemm(False, True, m, n, k, 1.0, a, b, 0.0, c)      # row-major, as Caffe's caffe_gpu_gemm
 
@@ -12,11 +13,8 @@ Memory comes as `DeviceArray`s (a typed range of device memory; `at(offset, size
 caching allocator: a freed block goes back to its size bin, so training allocates nothing per iteration.
 GEMM and the vector BLAS follow Caffe's math_functions.hpp (row-major, transposes as flags).
 """
-import os
-
 import numpy as np
 
-from .. import common
 from ..errors import DeviceError
 
 CUDA_NUM_THREADS = 512          # Caffe's CAFFE_CUDA_NUM_THREADS
@@ -163,39 +161,3 @@ class Device:
             else:
                 values.append(float(arg))
         self._launch(kernel, codes, int(n), values)
-
-
-_current = {}
-
-
-def current():
-    """The device of this process: created on first use in GPU mode from common.device()."""
-    index = common.device()
-    dev = _current.get(index)
-    if dev is None:
-        dev = _current[index] = open_device(index)
-    return dev
-
-
-def open_device(index):
-    """PCD_DEVICE=emulated chooses the host emulation (tests, machines without a GPU); otherwise pycuda."""
-    if os.environ.get("PCD_DEVICE", "") == "emulated":
-        from .emulated import EmulatedDevice
-        return EmulatedDevice(index)
-    from .cuda import CudaDevice
-    return CudaDevice(index)
-
-
-def use(dev):
-    """Make `dev` the device of common.device() (tests install an emulated device this way)."""
-    _current[common.device()] = dev
-    return dev
-
-
-def forget():
-    _current.clear()
-
-
-def active():
-    """Whether GPU mode is on: layers and solvers then run their GPU code."""
-    return common.mode() == "gpu"

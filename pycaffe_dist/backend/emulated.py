@@ -2,7 +2,7 @@
 
 It exists so that the whole GPU code path (layers' forward_gpu/backward_gpu, the solver's device updates, blob
 synchronisation, device prefetch) is exercised and compared with the CPU path on machines without a GPU: `PCD_DEVICE=
-emulated` or `device.use(EmulatedDevice())`. Its "device memory" is host memory that nothing but this interface
+emulated` or `select.use(EmulatedDevice())`. Its "device memory" is host memory that nothing but this interface
 touches, its BLAS is numpy's (column-major calls mapped back onto row-major views), its streams run in order.
 """
 import ctypes

@@ -1,4 +1,10 @@
-"""Which device a command computes on: --gpu, or a solver's solver_mode / device_id, as Caffe's tools/caffe.cpp.
+"""Which device this process computes on, and the factory that opens it.
+
+The process's device (`current()`) is opened on first use in GPU mode, for common.device(): a CudaDevice
+(pycuda), or the host emulation where PCD_DEVICE=emulated (tests, machines without a GPU). `active()` says
+whether GPU mode is on, so that layers and solvers run their GPU code.
+
+A command chooses with --gpu, or a solver's solver_mode / device_id, as Caffe's tools/caffe.cpp:
 
 - `--gpu N` (or `N,M,...`, or `all`) is a demand: without a usable GPU the command fails and says why.
 - `solver_mode: GPU` in a solver file, without --gpu, asks for GPU `device_id` (default 0), as Caffe's train does.
@@ -6,12 +12,47 @@
   says why, instead of refusing as a CPU-only Caffe build would.
 """
 import logging
+import os
 
 from .. import common
 from ..errors import DeviceError, PycaffeDistError
-from . import device
 
 log = logging.getLogger("pycaffe_dist.cli")
+
+_opened = {}        # device id -> its Device, opened once per process
+
+
+def current():
+    """The device of this process: opened on first use in GPU mode, for common.device()."""
+    index = common.device()
+    dev = _opened.get(index)
+    if dev is None:
+        dev = _opened[index] = open_device(index)
+    return dev
+
+
+def open_device(index):
+    """PCD_DEVICE=emulated chooses the host emulation (tests, machines without a GPU); otherwise pycuda."""
+    if os.environ.get("PCD_DEVICE", "") == "emulated":
+        from .emulated import EmulatedDevice
+        return EmulatedDevice(index)
+    from .cuda import CudaDevice
+    return CudaDevice(index)
+
+
+def use(dev):
+    """Make `dev` the device of common.device() (tests install an emulated device this way)."""
+    _opened[common.device()] = dev
+    return dev
+
+
+def forget():
+    _opened.clear()
+
+
+def active():
+    """Whether GPU mode is on: layers and solvers then run their GPU code."""
+    return common.mode() == "gpu"
 
 
 def parse_gpus(text):
@@ -39,7 +80,7 @@ def use_gpu(index):
     common.set_device(index)
     common.set_mode_gpu()
     try:
-        dev = device.current()
+        dev = current()
     except DeviceError:
         common.set_mode_cpu()
         raise

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from ..errors import DataError
-from ..io.binaryproto import write_binary
+from ..proto.binary import write_binary
 from ..proto import caffe_pb2
 from . import images, idx, sources
 

@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from ..backend import device
+from ..backend import select
 
 _POLL_S = 0.1
 
@@ -90,9 +90,9 @@ class DeviceStager:
 
     def __call__(self, arrays):
         """Device copies of `arrays` (float32), uploaded before this returns; None outside GPU mode."""
-        if not device.active():
+        if not select.active():
             return None
-        dev = device.current()
+        dev = select.current()
         with dev.in_thread():
             if dev is not self._device:
                 self._device, self._stream, self._pinned = dev, dev.new_stream(), None

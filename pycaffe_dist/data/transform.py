@@ -12,6 +12,7 @@ from caffe_rng_rand() the same way), so seeded runs are reproducible; the draws 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..blob.binaryproto import read_blob_file
 from ..errors import DataError
 from ..proto import caffe_pb2
 from .. import common
@@ -28,8 +29,7 @@ class DataTransformer:
             raise DataError("%s: cannot specify mean_file and mean_value at the same time" % where)
         self.mean_image = self.mean_values = None
         if param.HasField("mean_file"):
-            from ..io.binaryproto import read_mean_file
-            mean = read_mean_file(param.mean_file)
+            mean = read_blob_file(param.mean_file)
             # Caffe indexes the mean blob by (c, h, w) of one image: a blob of num > 1 gives its first image
             self.mean_image = mean.reshape((-1,) + mean.shape[-3:])[0] if mean.ndim > 3 else mean
         elif len(param.mean_value):

@@ -5,8 +5,8 @@ import logging
 
 from ..errors import UpgradeError
 from ..proto import caffe_pb2
+from ..proto.binary import read_binary
 from . import upgrade
-from .binaryproto import read_binary
 from .prototxt import read_text
 
 log = logging.getLogger("pycaffe_dist")
@@ -47,6 +47,12 @@ def read_net(path):
     else:
         read_text(path, net)
     return upgrade_net_with_notice(net, path)
+
+
+def read_net_binary(path):
+    """A .caffemodel as a NetParameter, upgraded from V0/V1 as Caffe does on load (ReadNetParamsFromBinaryFile)."""
+    net = read_binary(path, caffe_pb2.NetParameter())
+    return upgrade_net_with_notice(net, str(path))
 
 
 def read_solver(path):

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..proto import caffe_pb2
-from .binaryproto import parse_binary
+from ..proto.binary import parse_binary
 
 # --- proto / datum / ndarray conversion ---------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..backend import device, neuron
+from ..backend import neuron, select
 from ..proto import caffe_pb2
 from .base import Layer, device_scratch, held_scratch
 from .registry import register
@@ -100,7 +100,7 @@ class NeuronLayer(Layer):
         return device_scratch(self, name, size, fill)
 
     def forward_gpu(self, bottom, top):
-        dev = device.current()
+        dev = select.current()
         x = bottom[0].gpu_data
         if top[0] is bottom[0] and self.backward_needs_bottom:
             dev.copy(self.gpu_work("bottom", x.size), x)
@@ -108,7 +108,7 @@ class NeuronLayer(Layer):
 
     def backward_gpu(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            dev = device.current()
+            dev = select.current()
             x = self.gpu_bottom_data(bottom, top)
             self.gradient_gpu(dev, x, top[0].gpu_data, top[0].gpu_diff, bottom[0].mutable_gpu_diff)
 
@@ -198,7 +198,7 @@ class PReLULayer(NeuronLayer):
 
     def backward_gpu(self, top, propagate_down, bottom):
         # prelu_layer.cu Backward_gpu: the slope's gradient first (in place, the bottom diff overwrites the top diff)
-        dev = device.current()
+        dev = select.current()
         x, dy, n = self.gpu_bottom_data(bottom, top), top[0].gpu_diff, bottom[0].count
         slope = self.blobs[0]
         if self.param_propagate_down[0] and n:

@@ -8,11 +8,11 @@ know which backend runs them. `flops(bottom, top)` counts the forward pass's flo
 """
 import numpy as np
 
-from ..backend import device
+from ..backend import select
 from ..errors import NetError
 from .. import common
-from ..net.blob import Blob, canonical_axis
-from ..net.filler import fill, filler_problem
+from ..blob.blob import Blob, canonical_axis
+from ..blob.filler import fill, filler_problem
 
 
 class Layer:
@@ -157,7 +157,7 @@ def device_scratch(owner, name, size, fill=None, dtype=np.float32, at_least=Fals
     """A device array of `size` elements kept on `owner` under `name` between calls (as Caffe's layers keep internal
     blobs), made again only when the device or dtype changes or the size differs (with `at_least`: is too small);
     `fill` sets every element of a new one (Caffe's ones multipliers)."""
-    dev, dtype = device.current(), np.dtype(dtype)
+    dev, dtype = select.current(), np.dtype(dtype)
     store = owner.__dict__.setdefault("_device_scratch", {})
     held = store.get(name)
     if held is None or held[0] is not dev or held[1].dtype != dtype or \

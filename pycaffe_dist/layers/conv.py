@@ -7,10 +7,10 @@ GPU code base_conv_layer.cpp's *_gpu_gemm / *_gpu_bias, conv_layer.cu, deconv_la
 """
 import numpy as np
 
-from ..backend import device
+from ..backend import select
 from ..backend.conv import ConvEngine
 from .._kernels import im2col as _k
-from ..net.blob import count
+from ..blob.blob import count
 from .base import Layer, c_div, check_param_shapes, checked_axis, device_scratch
 from .registry import register
 
@@ -393,7 +393,7 @@ class _BaseConvolution(Layer):
         return self._gpu
 
     def forward_gpu(self, bottom, top):
-        dev, engine = device.current(), self._gpu_engine()
+        dev, engine = select.current(), self._gpu_engine()
         w, spatial = self.blobs[0].gpu_data, count(self.output_spatial)
         for b, t in zip(bottom, top):
             x, y = b.gpu_data, t.mutable_gpu_data
@@ -405,7 +405,7 @@ class _BaseConvolution(Layer):
                 gpu_add_bias(self, dev, self.blobs[1].gpu_data, y, self.num, self.num_output, spatial)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        dev, engine = device.current(), self._gpu_engine()
+        dev, engine = select.current(), self._gpu_engine()
         w = self.blobs[0].gpu_data
         want_w = self.param_propagate_down[0]
         want_b = self.bias_term and self.param_propagate_down[1]
@@ -492,11 +492,11 @@ class Im2colLayer(Layer):
 
     def forward_gpu(self, bottom, top):
         # Caffe's im2col_layer.cu loops over images; the batched kernel unrolls them all in one launch.
-        self._gpu_unroll().im2col(device.current(), bottom[0].gpu_data, top[0].mutable_gpu_data, self.num)
+        self._gpu_unroll().im2col(select.current(), bottom[0].gpu_data, top[0].mutable_gpu_data, self.num)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self._gpu_unroll().col2im(device.current(), top[0].gpu_diff, bottom[0].mutable_gpu_diff, self.num)
+            self._gpu_unroll().col2im(select.current(), top[0].gpu_diff, bottom[0].mutable_gpu_diff, self.num)
 
     def flops(self, bottom, top):
         return 0   # data movement only

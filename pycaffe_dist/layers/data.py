@@ -9,9 +9,9 @@ import os
 import numpy as np
 
 from .. import common
-from ..backend import device
+from ..backend import select
 from ..errors import DataError
-from ..net.filler import fill
+from ..blob.filler import fill
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
@@ -74,7 +74,7 @@ class _PrefetchingLayer(_SourceLayer):
             if len(top) > 1:
                 top[1].data[...] = labels
             return
-        dev = device.current()
+        dev = select.current()
         top[0].reshape(data.shape)
         dev.copy(top[0].mutable_gpu_data, staged[0])
         if len(top) > 1:

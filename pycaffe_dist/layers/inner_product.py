@@ -2,8 +2,8 @@
 inner_product_layer.cu (cuBLAS) and embed_layer.cu (kernels in csrc/cuda/im2col.cu)."""
 import numpy as np
 
-from ..backend import blas, device
-from ..net.blob import count
+from ..backend import blas, select
+from ..blob.blob import count
 from .conv import gpu_ones, gpu_scratch
 from .base import Layer, check_param_shapes, checked_axis
 from .registry import register
@@ -69,7 +69,7 @@ class InnerProductLayer(Layer):
     def forward_gpu(self, bottom, top):
         # Caffe's inner_product_layer.cu: a GEMV for one row (with the weights' layout honoured, which Caffe's
         # M == 1 branch forgets under `transpose`), else a GEMM; the bias as a rank-1 GEMM with ones.
-        dev, M, N, K = device.current(), self.M, self.num_output, self.K
+        dev, M, N, K = select.current(), self.M, self.num_output, self.K
         x, w, y = bottom[0].gpu_data, self.blobs[0].gpu_data, top[0].mutable_gpu_data
         if M == 1:
             if self.transpose:
@@ -84,7 +84,7 @@ class InnerProductLayer(Layer):
             dev.gemm(False, False, M, N, 1, 1.0, gpu_ones(self, dev, M), self.blobs[1].gpu_data, 1.0, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        dev, M, N, K = device.current(), self.M, self.num_output, self.K
+        dev, M, N, K = select.current(), self.M, self.num_output, self.K
         dy, x = top[0].gpu_diff, bottom[0].gpu_data
         if self.param_propagate_down[0]:
             dw = self.blobs[0].mutable_gpu_diff      # Caffe accumulates: beta = 1
@@ -156,7 +156,7 @@ class EmbedLayer(Layer):
     def forward_gpu(self, bottom, top):
         # Caffe's embed_layer.cu gathers rows of W by the indices. The indices are checked on the host first, as
         # the CPU code does (Caffe's GPU does not check them): they are few, one per top row.
-        dev = device.current()
+        dev = select.current()
         index = self._indices(bottom).astype(np.int32)
         rows = index.size
         if rows == 0:
@@ -171,7 +171,7 @@ class EmbedLayer(Layer):
 
     def backward_gpu(self, top, propagate_down, bottom):
         self.check(not propagate_down[0], "Can't backpropagate to EmbedLayer input.")
-        dev = device.current()
+        dev = select.current()
         dy = top[0].gpu_diff
         rows = count(bottom[0].shape)
         if rows == 0:

@@ -9,9 +9,8 @@ Labels are float blobs read as Caffe's static_cast<int> (truncation toward zero)
 """
 import numpy as np
 
-from ..backend import device, softmax
-from ..io.binaryproto import read_binary
-from ..net.blob import Blob
+from ..backend import select, softmax
+from ..blob.binaryproto import read_blob_file
 from ..proto import caffe_pb2
 from .base import Layer, checked_axis
 from .registry import register
@@ -189,7 +188,7 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         return normalizer(self.normalization, self.outer_num, self.inner_num, valid)
 
     def forward_gpu(self, bottom, top):
-        dev = device.current()
+        dev = select.current()
         channels, positions = bottom[0].shape[self.axis], self.outer_num * self.inner_num
         prob = top[1].mutable_gpu_data if len(top) > 1 else scratch(self, "_prob_gpu", bottom[0].count)
         softmax_gpu_forward(bottom[0].gpu_data, prob, self.outer_num, channels, self.inner_num,
@@ -207,7 +206,7 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         self.no_backward_into(propagate_down, 1)
         if not propagate_down[0]:
             return
-        dev = device.current()
+        dev = select.current()
         channels, positions = bottom[0].shape[self.axis], self.outer_num * self.inner_num
         diff = bottom[0].mutable_gpu_diff
         # The probabilities of the forward: top[1] when there is one (Caffe's top[1]->ShareData(prob_)).
@@ -277,7 +276,7 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
         # sigmoid_cross_entropy_loss_layer.cu: per-element terms and counts on the device, then their sums. The terms
         # are summed by a dot product with ones rather than Caffe's asum: a target outside [0, 1] can make a term
         # positive, and the CPU path sums the signed terms.
-        dev = device.current()
+        dev = select.current()
         count = bottom[0].count
         terms = scratch(self, "_terms_gpu", count)
         counts = scratch(self, "_counts_gpu", count)
@@ -296,7 +295,7 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
         if not propagate_down[0]:
             return
         scale = np.float32(top[0].cpu_diff[()]) / np.float32(self._normalizer)
-        device.current().launch("sigmoid_ce_loss_backward", bottom[0].count, bottom[0].gpu_data, bottom[1].gpu_data,
+        select.current().launch("sigmoid_ce_loss_backward", bottom[0].count, bottom[0].gpu_data, bottom[1].gpu_data,
                                 *ignore_args(self.ignore_label), float(scale), bottom[0].mutable_gpu_diff)
 
     def flops(self, bottom, top):
@@ -327,7 +326,7 @@ class EuclideanLossLayer(LossLayer):
 
     def forward_gpu(self, bottom, top):
         # euclidean_loss_layer.cu: diff_ = a - b on the device, loss = dot(diff_, diff_) / num / 2.
-        dev = device.current()
+        dev = select.current()
         count = bottom[0].count
         diff = scratch(self, "_diff_gpu", count)
         dev.launch("gpu_sub", count, bottom[0].gpu_data, bottom[1].gpu_data, diff)
@@ -335,7 +334,7 @@ class EuclideanLossLayer(LossLayer):
         top[0].data[...] = dot / np.float32(bottom[0].shape[0]) / np.float32(2)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        dev = device.current()
+        dev = select.current()
         diff = scratch(self, "_diff_gpu", bottom[0].count)
         for i, sign in ((0, 1), (1, -1)):
             if propagate_down[i]:
@@ -508,8 +507,7 @@ class InfogainLossLayer(_SoftmaxLossBase):
             h = bottom[2].data
         else:
             if self._file_h is None:
-                source = self.param.infogain_loss_param.source
-                self._file_h = Blob.from_proto_new(read_binary(source, caffe_pb2.BlobProto()), what=source).data
+                self._file_h = read_blob_file(self.param.infogain_loss_param.source)
             h = self._file_h
             self._check_h(h.size)
         return h.reshape(self.num_labels, self.num_labels).astype(bottom[0].dtype, copy=False)
@@ -636,7 +634,7 @@ class AccuracyLayer(Layer):
         # accuracy_layer.cu: a 0/1 hit and a 0/1 count per label position, summed on the device. The per-class
         # tallies use AccuracyForwardWithPerClassGPU's layout (class-major, one row of positions per class), whose
         # row sums one GEMV against ones gives at once instead of Caffe's two asums per class.
-        dev = device.current()
+        dev = select.current()
         num_labels = bottom[0].shape[self.axis]
         positions = self.outer_num * self.inner_num
         correct = scratch(self, "_correct_gpu", positions)

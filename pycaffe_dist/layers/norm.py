@@ -5,7 +5,7 @@ norm.cu): sums over groups are GEMVs against vectors of ones, as Caffe's; the br
 """
 import numpy as np
 
-from ..backend import device
+from ..backend import select
 from ..backend import lrn as lrn_kernels
 from ..proto import caffe_pb2
 from .base import Layer
@@ -78,7 +78,7 @@ class LRNLayer(Layer):
     # the CPU code above (our layer computes Caffe's sub-net itself, so it runs on the device here too).
 
     def forward_gpu(self, bottom, top):
-        dev = device.current()
+        dev = select.current()
         num, channels, height, width = bottom[0].shape
         count, pixels = bottom[0].count, height * width
         f32 = np.float32
@@ -100,7 +100,7 @@ class LRNLayer(Layer):
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dev = device.current()
+        dev = select.current()
         num, channels, height, width = bottom[0].shape
         count, pixels = bottom[0].count, height * width
         x, dy = bottom[0].gpu_data, top[0].gpu_diff
@@ -174,7 +174,7 @@ class MVNLayer(Layer):
     # sqrt where Caffe writes powx(0.5)).
 
     def forward_gpu(self, bottom, top):
-        dev = device.current()
+        dev = select.current()
         rows = self._rows(bottom[0])
         count = bottom[0].count
         dim = count // rows if rows else 0
@@ -195,7 +195,7 @@ class MVNLayer(Layer):
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dev = device.current()
+        dev = select.current()
         rows = self._rows(bottom[0])
         count = bottom[0].count
         dim = count // rows if rows else 0
@@ -328,7 +328,7 @@ class BatchNormLayer(Layer):
         dev.gemv(True, num, self.channels, 1.0, by_image, scratch(self, "_num_ones_gpu", num, 1.0), 0.0, out)
 
     def forward_gpu(self, bottom, top):
-        dev = device.current()
+        dev = select.current()
         num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
         spatial = count // (num * c) if num * c else 0
         f32 = np.float32
@@ -365,7 +365,7 @@ class BatchNormLayer(Layer):
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dev = device.current()
+        dev = select.current()
         num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
         spatial = count // (num * c) if num * c else 0
         std = scratch(self, "_std_gpu", c)

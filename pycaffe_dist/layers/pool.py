@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from .. import common
-from ..backend import device, pooling
+from ..backend import pooling, select
 from ..proto import caffe_pb2
 from .base import Layer
 from .conv import gpu_scratch
@@ -197,7 +197,7 @@ class PoolingLayer(Layer):
                       index, bottom[0].diff, self.kernel, self.stride, self.pad, index_in_windows=len(top) == 1)
 
     def forward_gpu(self, bottom, top):
-        dev, pool = device.current(), self.param.pooling_param.pool
+        dev, pool = select.current(), self.param.pooling_param.pool
         index = gpu_index(self, "_gpu_index", dev, top[0].count) if pool != PP.AVE else None
         gpu_pool_forward(self, dev, pool, self.phase == caffe_pb2.TRAIN, bottom[0].gpu_data, top[0].mutable_gpu_data,
                          index, bottom[0].shape, self.pooled, self.kernel, self.stride, self.pad)
@@ -207,7 +207,7 @@ class PoolingLayer(Layer):
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dev, pool = device.current(), self.param.pooling_param.pool
+        dev, pool = select.current(), self.param.pooling_param.pool
         # With a mask top, Caffe reads the positions back from it.
         top_mask = top[1].gpu_data if len(top) > 1 else None
         index = gpu_index(self, "_gpu_index", dev, top[0].count) if pool != PP.AVE and top_mask is None else None
@@ -324,7 +324,7 @@ class SPPLayer(Layer):
         return out
 
     def forward_gpu(self, bottom, top):
-        dev, pool, shape = device.current(), self.param.spp_param.pool, bottom[0].shape
+        dev, pool, shape = select.current(), self.param.spp_param.pool, bottom[0].shape
         x, out = bottom[0].gpu_data, top[0].mutable_gpu_data
         if self.pyramid_height == 1:
             kernel, stride, pad, pooled = self.levels[0]
@@ -342,7 +342,7 @@ class SPPLayer(Layer):
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dev, pool, shape = device.current(), self.param.spp_param.pool, bottom[0].shape
+        dev, pool, shape = select.current(), self.param.spp_param.pool, bottom[0].shape
         x, dy, dx = bottom[0].gpu_data, top[0].gpu_diff, bottom[0].mutable_gpu_diff
         levels = self._gpu_levels(dev, shape)
         if self.pyramid_height == 1:

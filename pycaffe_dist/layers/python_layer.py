@@ -8,7 +8,7 @@ pycaffe's BlobVec, to which `self.blobs.add_blob(*shape)` in setup adds a learna
 import importlib
 
 from ..errors import NetError
-from ..net.blob import Blob
+from ..blob.blob import Blob
 from .base import Layer
 from .registry import register
 

@@ -14,7 +14,7 @@ h_T / c_T tops are ignored ("we can't backpropagate across batches").
 """
 import numpy as np
 
-from ..net.blob import count
+from ..blob.blob import count
 from ..proto import caffe_pb2
 from .base import Layer, check_param_shapes
 from .registry import register
@@ -161,7 +161,7 @@ class _RecurrentLayer(Layer):
             return
         for layer, p, k in self.param_slots:
             layer.blobs[p] = self.blobs[k]
-        self.unrolled_net._share_weights()
+        self.unrolled_net.share_weights()
 
     def _check_inputs(self, bottom):
         x, cont = bottom[0].shape, bottom[1].shape

@@ -5,8 +5,8 @@ GPU code (Split, Concat, Slice, Crop, Tile, Eltwise, Silence, Bias, Scale) mirro
 kernels of csrc/cuda/shape.cu and math.cu and the device's BLAS; Flatten and Reshape share memory either way."""
 import numpy as np
 
-from ..backend import device
-from ..net.blob import count
+from ..backend import select
+from ..blob.blob import count
 from ..proto import caffe_pb2
 from .base import Layer, checked_axis, device_scratch
 from .registry import register
@@ -30,7 +30,7 @@ def _share_gpu(layer, top, source):
     """_share on the device: the loss weight goes into the shared diff's device copy."""
     top[0].share_reshaped(source)
     if layer.loss_weights and layer.loss_weights[0]:
-        device.current().fill(top[0].mutable_gpu_diff, layer.loss_weights[0])
+        select.current().fill(top[0].mutable_gpu_diff, layer.loss_weights[0])
 
 
 def _scratch(layer, name, size, dtype=np.float32, fill=None):
@@ -74,7 +74,7 @@ class SplitLayer(Layer):
         # split_layer.cu: copy one top diff, else add the first two and axpy the others
         if not propagate_down[0]:
             return
-        dev = device.current()
+        dev = select.current()
         diff = bottom[0].mutable_gpu_diff
         if len(top) == 1:
             dev.copy(diff, top[0].gpu_diff)
@@ -148,7 +148,7 @@ class ConcatLayer(Layer):
         if len(bottom) == 1:
             _share_gpu(self, top, bottom[0])
             return
-        dev = device.current()
+        dev = select.current()
         y, axis = top[0].mutable_gpu_data, self.axis
         outer, inner, start = top[0].count_range(0, axis), top[0].count_range(axis + 1), 0
         for b in bottom:
@@ -159,7 +159,7 @@ class ConcatLayer(Layer):
     def backward_gpu(self, top, propagate_down, bottom):
         if len(bottom) == 1:
             return
-        dev = device.current()
+        dev = select.current()
         diff, axis = top[0].gpu_diff, self.axis
         outer, inner, start = top[0].count_range(0, axis), top[0].count_range(axis + 1), 0
         for b, down in zip(bottom, propagate_down):
@@ -239,7 +239,7 @@ class SliceLayer(Layer):
         if len(top) == 1:
             _share_gpu(self, top, bottom[0])
             return
-        dev = device.current()
+        dev = select.current()
         x, axis = bottom[0].gpu_data, self.axis
         outer, inner = bottom[0].count_range(0, axis), bottom[0].count_range(axis + 1)
         for t, start in zip(top, self.starts):
@@ -249,7 +249,7 @@ class SliceLayer(Layer):
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0] or len(top) == 1:
             return
-        dev = device.current()
+        dev = select.current()
         diff, axis = bottom[0].mutable_gpu_diff, self.axis
         outer, inner = bottom[0].count_range(0, axis), bottom[0].count_range(axis + 1)
         for t, start in zip(top, self.starts):
@@ -376,7 +376,7 @@ class CropLayer(Layer):
     def _gpu_dims(self, bottom, top):
         """crop_forward's index table on the device: the top's shape, the bottom's strides, the offsets (int32),
         uploaded again only when they change (crop_layer.cu keeps them in blobs made at Reshape)."""
-        dev = device.current()
+        dev = select.current()
         shape = bottom[0].shape
         table = tuple(top[0].shape) + tuple(count(shape, i + 1) for i in range(len(shape))) + tuple(self.offsets)
         held = self.__dict__.get("_gpu_dims_held")
@@ -386,12 +386,12 @@ class CropLayer(Layer):
 
     def forward_gpu(self, bottom, top):
         num_axes, dims = self._gpu_dims(bottom, top)
-        device.current().launch("crop_forward", top[0].count, num_axes, dims, bottom[0].gpu_data,
+        select.current().launch("crop_forward", top[0].count, num_axes, dims, bottom[0].gpu_data,
                                 top[0].mutable_gpu_data)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            dev = device.current()
+            dev = select.current()
             num_axes, dims = self._gpu_dims(bottom, top)
             diff = bottom[0].mutable_gpu_diff
             dev.memset(diff, 0)
@@ -425,13 +425,13 @@ class TileLayer(Layer):
 
     def forward_gpu(self, bottom, top):
         _, tiles, inner = self.dims
-        device.current().launch("tile_forward", top[0].count, inner, tiles, bottom[0].gpu_data,
+        select.current().launch("tile_forward", top[0].count, inner, tiles, bottom[0].gpu_data,
                                 top[0].mutable_gpu_data)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if propagate_down[0]:
             _, tiles, inner = self.dims
-            device.current().launch("tile_backward", bottom[0].count, inner, tiles, top[0].gpu_diff,
+            select.current().launch("tile_backward", bottom[0].count, inner, tiles, top[0].gpu_diff,
                                     bottom[0].mutable_gpu_diff)
 
 
@@ -504,7 +504,7 @@ class EltwiseLayer(Layer):
     def forward_gpu(self, bottom, top):
         # eltwise_layer.cu Forward_gpu, in the CPU code's order
         E = caffe_pb2.EltwiseParameter
-        dev = device.current()
+        dev = select.current()
         n = top[0].count
         data = [b.gpu_data for b in bottom]
         y = top[0].mutable_gpu_data
@@ -524,7 +524,7 @@ class EltwiseLayer(Layer):
 
     def backward_gpu(self, top, propagate_down, bottom):
         E = caffe_pb2.EltwiseParameter
-        dev = device.current()
+        dev = select.current()
         n = top[0].count
         top_diff = top[0].gpu_diff
         for i, (b, down) in enumerate(zip(bottom, propagate_down)):
@@ -572,7 +572,7 @@ class SilenceLayer(Layer):
     forward_gpu = forward
 
     def backward_gpu(self, top, propagate_down, bottom):
-        dev = device.current()
+        dev = select.current()
         for b, down in zip(bottom, propagate_down):
             if down:
                 dev.memset(b.mutable_gpu_diff, 0)      # silence_layer.cu: caffe_gpu_set(0)
@@ -813,7 +813,7 @@ def _reduce_outer_inner_gpu(layer, values, dims, out, accumulate):
     inner dimensions, on the device: two GEMVs against vectors of ones, as bias_layer.cu and scale_layer.cu reduce
     with their multiplier blobs (Caffe loops one GEMV per outer block; a second GEMV sums the blocks at once)."""
     outer, dim, inner = dims
-    dev = device.current()
+    dev = select.current()
     if outer * dim * inner == 0:
         if not accumulate:
             dev.memset(out, 0)
@@ -876,11 +876,11 @@ class BiasLayer(Layer):
     def forward_gpu(self, bottom, top):
         bias = bottom[1] if len(bottom) > 1 else self.blobs[0]
         _, dim, inner = self.dims
-        device.current().launch("bias_forward", top[0].count, bottom[0].gpu_data, bias.gpu_data, dim, inner,
+        select.current().launch("bias_forward", top[0].count, bottom[0].gpu_data, bias.gpu_data, dim, inner,
                                 top[0].mutable_gpu_data)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        dev = device.current()
+        dev = select.current()
         top_diff = top[0].gpu_diff
         if propagate_down[0] and top[0] is not bottom[0]:
             dev.copy(bottom[0].mutable_gpu_diff, top_diff)
@@ -964,7 +964,7 @@ class ScaleLayer(Layer):
                         out=bottom[0].diff.reshape(self.dims))
 
     def forward_gpu(self, bottom, top):
-        dev = device.current()
+        dev = select.current()
         scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
         x, n = bottom[0].gpu_data, bottom[0].count
         if top[0] is bottom[0]:
@@ -984,7 +984,7 @@ class ScaleLayer(Layer):
 
     def backward_gpu(self, top, propagate_down, bottom):
         # the CPU backward's steps and order (its comments say where Caffe accumulates)
-        dev = device.current()
+        dev = select.current()
         two = len(bottom) > 1
         scale = bottom[1] if two else self.blobs[0]
         top_diff, n = top[0].gpu_diff, top[0].count

@@ -1,6 +1,6 @@
 """Softmax over one axis (Caffe's softmax_layer.cpp); SoftmaxWithLoss and InfogainLoss use the same kernel.
 The GPU code (csrc/cuda/softmax.cu) follows softmax_layer.cu; SoftmaxWithLoss's GPU code calls gpu_forward too."""
-from ..backend import device, softmax
+from ..backend import select, softmax
 from .base import Layer, checked_axis, device_scratch
 from .registry import register
 
@@ -38,7 +38,7 @@ class SoftmaxLayer(Layer):
             return
         outer, channels, inner = self._dims(top[0])
         dot = scratch(self, "_scale_gpu", outer * inner)
-        dev = device.current()
+        dev = select.current()
         # softmax_layer.cu: dot = sum over channels of dy * y; dx = (dy - dot) * y (subtract and multiply fused).
         dev.launch("softmax_channel_dot", outer * inner, channels, inner, top[0].gpu_diff, top[0].gpu_data, dot)
         dev.launch("softmax_backward_diff", top[0].count, channels, inner, dot, top[0].gpu_data, top[0].gpu_diff,
@@ -57,7 +57,7 @@ def scratch(layer, name, size, value=None):
 def gpu_forward(x, y, outer, channels, inner, scale):
     """y = softmax of the (outer, channels, inner) device array x over its channels, as softmax_layer.cu's
     Forward_gpu (max, subtract, exp, sum, divide); y may be x. scale: outer * inner floats of scratch."""
-    dev = device.current()
+    dev = select.current()
     count = outer * channels * inner
     if x.ptr != y.ptr:
         dev.copy(y, x)

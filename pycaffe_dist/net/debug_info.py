@@ -27,7 +27,7 @@ def forward(net, layer_id):
     name = net.layer_names[layer_id]
     for blob_id in net.top_ids[layer_id]:
         log.info("    [Forward] Layer %s, top blob %s data: %g", name, net.blob_names[blob_id],
-                 _abs_mean(net._blob_list[blob_id].cpu_data))
+                 _abs_mean(net.blob_list[blob_id].cpu_data))
     for param_id, blob in _layer_params(net, layer_id):
         log.info("    [Forward] Layer %s, param blob %s data: %g", name, net.param_display_names[param_id],
                  _abs_mean(blob.cpu_data))
@@ -38,7 +38,7 @@ def backward(net, layer_id):
     for blob_id, need in zip(net.bottom_ids[layer_id], net.bottom_need_backward[layer_id]):
         if need:
             log.info("    [Backward] Layer %s, bottom blob %s diff: %g", name, net.blob_names[blob_id],
-                     _abs_mean(net._blob_list[blob_id].cpu_diff))
+                     _abs_mean(net.blob_list[blob_id].cpu_diff))
     for index, blob in enumerate(layer.blobs):
         if layer.param_propagate_down[index]:
             log.info("    [Backward] Layer %s, param blob %d diff: %g", name, index, _abs_mean(blob.cpu_diff))

@@ -9,8 +9,8 @@ def net_table(net):
     """Rows (layer, type, bottoms, tops, params, flops) and a totals row; shared params counted once."""
     rows, seen, total_params, total_flops = [], set(), 0, 0
     for layer_id, layer in enumerate(net.layers):
-        bottom = [net._blob_list[i] for i in net.bottom_ids[layer_id]]
-        top = [net._blob_list[i] for i in net.top_ids[layer_id]]
+        bottom = [net.blob_list[i] for i in net.bottom_ids[layer_id]]
+        top = [net.blob_list[i] for i in net.top_ids[layer_id]]
         params = 0
         for blob in layer.blobs:
             if id(blob) not in seen:
@@ -21,7 +21,7 @@ def net_table(net):
         total_flops += flops
         rows.append((layer.name, layer.type,
                      " ".join(net.blob_names[i] for i in net.bottom_ids[layer_id]),
-                     " ".join("%s%s" % (net.blob_names[i], _shape(net._blob_list[i].shape))
+                     " ".join("%s%s" % (net.blob_names[i], _shape(net.blob_list[i].shape))
                               for i in net.top_ids[layer_id]),
                      params, flops))
     return rows, total_params, total_flops

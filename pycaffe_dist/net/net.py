@@ -9,12 +9,12 @@ import logging
 
 import numpy as np
 
-from ..backend import device
+from ..backend import select
 from ..errors import NetError
 from ..proto import caffe_pb2
 from ..layers import create_layer
 from . import debug_info as debug_log
-from .blob import Blob
+from ..blob.blob import Blob
 from .splits import insert_splits
 from .state import filter_net, make_state
 
@@ -22,7 +22,9 @@ log = logging.getLogger("pycaffe_dist")
 
 
 class Net:
-    """fill_params=False leaves parameters unfilled (and unallocated) until used: for shape-only work."""
+    """Net(param, phase, level, stages) or Net(param, state=NetState). fill_params=False leaves parameters
+    unfilled (and unallocated) until used: for shape-only work. pycaffe's Net (pycaffe.py) is a subclass that
+    adds pycaffe's interface."""
     def __init__(self, param, phase=caffe_pb2.TEST, level=0, stages=(), state=None, fill_params=True):
         if len(param.layers):
             raise NetError("net '%s' still has V1 'layers': upgrade it first (pycaffe_dist.io.upgrade)" % param.name)
@@ -41,8 +43,8 @@ class Net:
         self.debug_info = param.debug_info   # log what each layer wrote (net/debug_info.py)
         self.param = insert_splits(filter_net(param, state))
         self.layers, self.layer_names = [], []
-        self._blob_list, self.blob_names = [], []      # all blobs, in order of creation
-        self.bottom_ids, self.top_ids = [], []         # per layer, indices into self._blob_list
+        self.blob_list, self.blob_names = [], []       # all blobs, in order of creation
+        self.bottom_ids, self.top_ids = [], []         # per layer, indices into self.blob_list
         self.bottom_need_backward, self.layer_need_backward = [], []
         self.input_ids, self.output_ids = [], []
         self.param_blobs = []                          # every param blob of every layer, shared ones repeated
@@ -60,6 +62,14 @@ class Net:
             for layer in self.layers:
                 for blob in layer.blobs:
                     blob.data
+
+    @classmethod
+    def from_state(cls, param, state):
+        """A net of this class built for a full NetState (phase, level, stages), as the Solver builds its nets;
+        it bypasses a subclass's own constructor (pycaffe's takes file names)."""
+        net = cls.__new__(cls)
+        Net.__init__(net, param, state=state)
+        return net
 
     # --- construction -------------------------------------------------------------------------------------
 
@@ -107,7 +117,7 @@ class Net:
             self.bottom_ids.append(bottoms)
             self.top_ids.append(tops)
             self.bottom_need_backward.append(bottom_need)
-            layer.setup([self._blob_list[i] for i in bottoms], [self._blob_list[i] for i in tops])
+            layer.setup([self.blob_list[i] for i in bottoms], [self.blob_list[i] for i in tops])
             if len(lp.param) > len(layer.blobs):
                 raise NetError("layer '%s': too many params specified (%d param specs, the layer has %d blobs)"
                                % (lp.name, len(lp.param), len(layer.blobs)))
@@ -126,14 +136,14 @@ class Net:
         # net.cpp lists the outputs from a std::set<string>: in byte-wise order of their names
         outputs = sorted({n for n in self.blob_names if n in available}, key=lambda n: n.encode())
         self.output_ids = [self._blob_index[n] for n in outputs]
-        self._share_weights()
+        self.share_weights()
 
     def _new_blob(self, name):
-        self._blob_list.append(Blob())
+        self.blob_list.append(Blob())
         self.blob_names.append(name if name is not None else "(automatic)")
         if name is not None:
-            self._blob_index[name] = len(self._blob_list) - 1
-        return len(self._blob_list) - 1
+            self._blob_index[name] = len(self.blob_list) - 1
+        return len(self.blob_list) - 1
 
     def _append_param(self, layer_id, param_id, param_names):
         """Caffe's Net::AppendParam: the first layer to use a name owns the blob; later users share it.
@@ -187,9 +197,10 @@ class Net:
                     has[learnable_id] = True
                     values[learnable_id] = getattr(spec, field)
 
-    def _share_weights(self):
-        """Caffe's ShareData + ShareDiff: a sharer of the owner's shape uses the owner's Blob object itself; one
-        of another shape (PERMISSIVE, same count) keeps its own shape over the owner's memory."""
+    def share_weights(self):
+        """Caffe's Net::ShareWeights (ShareData + ShareDiff of every shared parameter): a sharer of the owner's
+        shape uses the owner's Blob object itself; one of another shape (PERMISSIVE, same count) keeps its own
+        shape over the owner's memory. Run again after someone replaced a layer's blobs (the recurrent layers)."""
         for i, owner in enumerate(self.param_owner):
             if owner >= 0:
                 layer_id, param_id = self.param_layer_index[i]
@@ -242,7 +253,7 @@ class Net:
     # --- running ------------------------------------------------------------------------------------------
 
     def _vecs(self, layer_id):
-        return ([self._blob_list[i] for i in self.bottom_ids[layer_id]], [self._blob_list[i] for i in self.top_ids[layer_id]])
+        return ([self.blob_list[i] for i in self.bottom_ids[layer_id]], [self.blob_list[i] for i in self.top_ids[layer_id]])
 
     def _reshape_layer(self, layer_id, layer, bottom, top):
         """Caffe's Layer::Forward reshapes first: inputs may change shape. A layer whose reshape depends on shapes
@@ -266,7 +277,7 @@ class Net:
 
     def blob_by_name(self, name):
         try:
-            return self._blob_list[self._blob_index[name]]
+            return self.blob_list[self._blob_index[name]]
         except KeyError:
             raise NetError("net '%s' has no blob named '%s'" % (self.name, name)) from None
 
@@ -284,7 +295,7 @@ class Net:
         """Run layers start..end (inclusive) and return the sum of their weighted losses."""
         end = len(self.layers) - 1 if end is None else end
         loss = None
-        gpu = device.active()
+        gpu = select.active()
         for layer_id in range(start, end + 1):
             layer = self.layers[layer_id]
             bottom, top = self._vecs(layer_id)
@@ -306,7 +317,7 @@ class Net:
 
     def backward_from_to(self, start=None, end=0):
         start = len(self.layers) - 1 if start is None else start
-        gpu = device.active()
+        gpu = select.active()
         for layer_id in range(start, end - 1, -1):
             if self.layer_need_backward[layer_id]:
                 bottom, top = self._vecs(layer_id)
@@ -333,8 +344,8 @@ class Net:
         self.layers[0].reset(data, labels)
 
     def clear_param_diffs(self):
-        if device.active():
-            dev = device.current()
+        if select.active():
+            dev = select.current()
             for blob in self.learnable_params:
                 dev.memset(blob.mutable_gpu_diff, 0)
             return
@@ -365,6 +376,23 @@ class Net:
                                    "scratch rather than copying from a saved net, rename the layer."
                                    % (source_name, j, src.name, Blob.proto_shape(proto), target[j].shape))
                 target[j].from_proto(proto, reshape=False, what="layer '%s' blob %d" % (src.name, j))
+
+    def share_with(self, other):
+        """Use `other`'s parameter data (Caffe's ShareTrainedLayersWith, what the Solver does to its test nets and
+        pycaffe's share_weights): layers matched by name; each net keeps its own diffs, so that backward passes
+        in one do not add into the other's gradients."""
+        index = dict(zip(other.layer_names, other.layers))
+        for name, layer in zip(self.layer_names, self.layers):
+            source = index.get(name)
+            if source is None or not source.blobs:
+                continue
+            if len(source.blobs) != len(layer.blobs):
+                raise NetError("incompatible number of blobs for layer '%s'" % name)
+            for j, blob in enumerate(source.blobs):
+                if blob.shape != layer.blobs[j].shape:
+                    raise NetError("cannot share param %d of layer '%s': shape %s vs. %s"
+                                   % (j, name, blob.shape, layer.blobs[j].shape))
+                layer.blobs[j].share_data(blob)
 
     def to_proto(self, write_diff=False):
         """Caffe's Net::ToProto: the net's (filtered, split) layer params with their blobs."""

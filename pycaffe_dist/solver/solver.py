@@ -27,12 +27,13 @@ import numpy as np
 from google.protobuf import text_format
 
 from .. import common
+from ..backend import select
+from ..blob.synced_memory import SyncedMemory
 from ..errors import SolverError
+from ..io import caffemodel, solverstate
 from ..io.load import read_net, read_solver
+from ..net.net import Net
 from ..proto import caffe_pb2
-from ..backend import device
-from ..net.synced_memory import SyncedMemory
-from . import snapshot as snapshots
 from . import updates, updates_gpu
 from .lr_policy import learning_rate
 
@@ -51,6 +52,7 @@ def _fmt(x):
 class Solver:
     """Solver(param or solver prototxt path[, solver_type]). solver_type (pycaffe's SGDSolver, AdamSolver, ...)
     overrides the file's `type`."""
+    net_class = Net         # the class of the nets it builds: pycaffe's solvers build pycaffe's Net
 
     def __init__(self, param, solver_type=None):
         if isinstance(param, caffe_pb2.SolverParameter):
@@ -89,13 +91,12 @@ class Solver:
     # --- nets ---------------------------------------------------------------------------------------------
 
     def _build_net(self, net_param, state):
-        from ..pycaffe import Net
-        net = Net.from_state(net_param, state)
+        net = self.net_class.from_state(net_param, state)
         for entry in self.param.weights:
             for path in entry.split(","):
                 path = path.strip()
                 log.info("Finetuning from %s", path)
-                snapshots.load_weights(net, path)
+                caffemodel.load_weights(net, path)
         return net
 
     def _init_train_net(self):
@@ -276,7 +277,7 @@ class Solver:
         p = self.param
         params = self.net.learnable_params
         before = self.current_step
-        gpu = device.active()
+        gpu = select.active()
         if gpu:
             result = updates_gpu.compute_steps(p, params, self.net.params_lr, self.net.params_weight_decay,
                                                self._device_history(), self.iter, self.current_step, self.source)
@@ -394,27 +395,27 @@ class Solver:
         kind = "HDF5" if hdf5 else "binary proto"
         model = self._snapshot_filename(".caffemodel.h5" if hdf5 else ".caffemodel")
         log.info("Snapshotting to %s file %s", kind, model)
-        snapshots.write_model(self.net, model, hdf5, p.snapshot_diff)
+        caffemodel.write_model(self.net, model, hdf5, p.snapshot_diff)
         state = self._snapshot_filename(".solverstate.h5" if hdf5 else ".solverstate")
         log.info("Snapshotting solver state to %s file %s", kind, state)
-        snapshots.write_state(state, self.iter, model, self.current_step, self.history, hdf5)
+        solverstate.write_state(state, self.iter, model, self.current_step, self.history, hdf5)
         return model, state
 
     def restore(self, path):
         """Continue from a .solverstate (or .solverstate.h5): iteration, weights, current step, history, and the
         data position of an uninterrupted run (see the module's notes)."""
         path = os.fsdecode(path)
-        state = snapshots.read_state(path)
+        state = solverstate.read_state(path)
         self.iter = state["iter"]
         learned = state["learned_net"]
         if learned:
             if not os.path.exists(learned) and not os.path.isabs(learned):
                 beside = os.path.join(os.path.dirname(path), learned)
                 learned = beside if os.path.exists(beside) else learned
-            snapshots.load_weights(self.net, learned)
+            caffemodel.load_weights(self.net, learned)
         self.current_step = state["current_step"]
         shapes = [b.shape for b in self.net.learnable_params] * updates.HISTORY_SETS[self.param.type]
-        self.history = snapshots.check_history(path, state["history"], shapes)
+        self.history = solverstate.check_history(path, state["history"], shapes)
         log.info("SGDSolver: restoring history")
         self._restore_data_position()
 
@@ -446,7 +447,7 @@ def images_per_iteration(solver):
     """Images one iteration consumes: the first top's batch size times iter_size."""
     net = solver.net
     first = next((i for ids in net.top_ids for i in ids), None)
-    shape = net._blob_list[first].shape if first is not None else ()
+    shape = net.blob_list[first].shape if first is not None else ()
     return (shape[0] if shape else 1) * solver.param.iter_size
 
 
@@ -460,7 +461,7 @@ def output_values(net):
                 weights[i] = f32(w)
     index = 0
     for i in net.output_ids:
-        for value in net._blob_list[i].data.reshape(-1):
+        for value in net.blob_list[i].data.reshape(-1):
             yield index, net.blob_names[i], f32(value), weights.get(i, f32(0))
             index += 1
 

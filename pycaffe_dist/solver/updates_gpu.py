@@ -6,7 +6,7 @@ the per-element work moves. Gradient clipping sums each blob's dot product in fl
 """
 import numpy as np
 
-from ..backend import device
+from ..backend import select
 from ..errors import SolverError
 from . import lr_policy, updates
 
@@ -15,7 +15,7 @@ f32 = np.float32
 
 def compute_steps(param, blobs, lr_mults, decay_mults, history, iteration, current_step=0, source="solver"):
     """As updates.compute_steps, for Blobs in GPU mode; `history` is the solver's history as DeviceArrays."""
-    dev = device.current()
+    dev = select.current()
     rate, current_step = lr_policy.learning_rate(param, iteration, current_step, source)
     diffs = [b.mutable_gpu_diff for b in blobs]
     norm, scale = _clip_gradients(dev, diffs, param.clip_gradients)
@@ -29,7 +29,7 @@ def compute_steps(param, blobs, lr_mults, decay_mults, history, iteration, curre
 
 def apply_steps(blobs):
     """Net::Update on the device: w -= step."""
-    dev = device.current()
+    dev = select.current()
     for blob in blobs:
         dev.axpy(blob.count, -1.0, blob.gpu_diff, blob.mutable_gpu_data)
 

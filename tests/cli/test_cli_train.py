@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from pycaffe_dist.io.binaryproto import read_binary
+from pycaffe_dist.proto.binary import read_binary
 from pycaffe_dist.proto import caffe_pb2
 from tests.cli.test_cli import assert_clean_error, dist_caffe
 from tests.conftest import GOLDEN, REPO, load_npz

@@ -12,7 +12,8 @@ from pycaffe_dist.data import convert, idx
 from pycaffe_dist.data.commands import add_verbs
 from pycaffe_dist.data.sources import open_records, open_writer, parse_datum
 from pycaffe_dist.errors import DataError
-from pycaffe_dist.io.binaryproto import read_binary, read_mean_file
+from pycaffe_dist.blob.binaryproto import read_blob_file
+from pycaffe_dist.proto.binary import read_binary
 from pycaffe_dist.proto import caffe_pb2
 from tests.conftest import GOLDEN, load_npz
 
@@ -163,7 +164,7 @@ def test_compute_mean_as_caffes_compute_image_mean(tmp_path):
     assert mean.shape == (1, 1, 4, 4) and mean.tolist() == expected.tolist()
     blob = read_binary(tmp_path / "mean.binaryproto", caffe_pb2.BlobProto())
     assert (blob.num, blob.channels, blob.height, blob.width, len(blob.shape.dim)) == (1, 1, 4, 4, 0)
-    assert read_mean_file(tmp_path / "mean.binaryproto").tolist() == expected.tolist()
+    assert read_blob_file(tmp_path / "mean.binaryproto").tolist() == expected.tolist()
 
     with open_writer(tmp_path / "mixed", "datumfile") as writer:
         writer.put(b"0", caffe_pb2.Datum(channels=1, height=1, width=2, float_data=[1, 2]).SerializeToString())

@@ -5,7 +5,7 @@ import pytest
 from pycaffe_dist import common
 from pycaffe_dist.data.transform import DataTransformer
 from pycaffe_dist.errors import DataError
-from pycaffe_dist.io.binaryproto import write_mean_file
+from pycaffe_dist.blob.binaryproto import write_blob_file
 from pycaffe_dist.proto import caffe_pb2
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
@@ -49,7 +49,7 @@ def batch():
 
 def test_test_phase_centre_crop_mean_file_and_scale(batch, tmp_path):
     mean = np.random.default_rng(8).uniform(0, 255, (1, 3, 9, 8)).astype(np.float32)
-    write_mean_file(tmp_path / "mean.binaryproto", mean)
+    write_blob_file(tmp_path / "mean.binaryproto", mean)
     t = DataTransformer(param(crop_size=5, scale=0.00390625, mean_file=str(tmp_path / "mean.binaryproto")), TEST)
     got = t.transform(batch)
     assert got.dtype == np.float32 and got.shape == (5, 3, 5, 5)
@@ -68,7 +68,7 @@ def test_mean_values_without_crop(batch, values):
 
 def test_train_random_crop_and_mirror_match_some_caffe_offset(batch, tmp_path):
     mean = np.random.default_rng(9).uniform(0, 255, (1, 3, 9, 8)).astype(np.float32)
-    write_mean_file(tmp_path / "mean.binaryproto", mean)
+    write_blob_file(tmp_path / "mean.binaryproto", mean)
     common.set_random_seed(11)
     t = DataTransformer(param(crop_size=4, mirror=True, mean_file=str(tmp_path / "mean.binaryproto")), TRAIN)
     # Every (h_off, w_off, mirror) Caffe's Rand can draw, for every image.
@@ -94,7 +94,7 @@ def test_float_records_are_transformed_alike():
 
 
 def test_mean_file_of_other_shape_names_both_shapes(batch, tmp_path):
-    write_mean_file(tmp_path / "m.binaryproto", np.zeros((1, 3, 10, 10), np.float32))
+    write_blob_file(tmp_path / "m.binaryproto", np.zeros((1, 3, 10, 10), np.float32))
     t = DataTransformer(param(mean_file=str(tmp_path / "m.binaryproto")), TEST, "layer 'data' (Data)")
     with pytest.raises(DataError, match=r"layer 'data' \(Data\): mean file .*m.binaryproto has shape 3x10x10 but "
                                         r"the records are 3x9x8"):
@@ -102,7 +102,7 @@ def test_mean_file_of_other_shape_names_both_shapes(batch, tmp_path):
 
 
 def test_bad_configurations_are_refused(batch, tmp_path):
-    write_mean_file(tmp_path / "m.binaryproto", np.zeros((1, 3, 9, 8), np.float32))
+    write_blob_file(tmp_path / "m.binaryproto", np.zeros((1, 3, 9, 8), np.float32))
     with pytest.raises(DataError, match="mean_file and mean_value at the same time"):
         DataTransformer(param(mean_file=str(tmp_path / "m.binaryproto"), mean_value=[1.0]), TEST)
     with pytest.raises(DataError, match="2 mean_value entries for records of 3 channels"):
@@ -115,6 +115,6 @@ def test_mean_file_of_several_images_uses_the_first(batch, tmp_path):
     """Caffe reads the mean blob by (c, h, w) offsets, so of a num > 1 blob only the first image counts
     (a reshape error before)."""
     mean = np.random.default_rng(9).uniform(0, 255, (2, 3, 9, 8)).astype(np.float32)
-    write_mean_file(tmp_path / "mean.binaryproto", mean)
+    write_blob_file(tmp_path / "mean.binaryproto", mean)
     got = DataTransformer(param(mean_file=str(tmp_path / "mean.binaryproto")), TEST).transform(batch[:1])
     np.testing.assert_array_equal(got[0], caffe_transform(batch[0], 0, 0, 0, False, mean_file=mean[0]))

@@ -152,7 +152,7 @@ def test_deploy_train_and_tear_down_on_three_local_hosts(fleet):
     assert accuracy > 0.75, accuracy
     snapshot = collected / "alpha" / "lenet_iter_300.caffemodel"
     assert snapshot.exists()
-    from pycaffe_dist.io.binaryproto import read_net_binary
+    from pycaffe_dist.io.load import read_net_binary
     model = read_net_binary(str(snapshot))              # Caffe's format: LeNet's four learned layers
     assert [(l.name, len(l.blobs)) for l in model.layer if l.blobs] == [("conv1", 2), ("conv2", 2), ("ip1", 2),
                                                                          ("ip2", 2)]

@@ -3,7 +3,7 @@ everywhere) and `cuda` (a real GPU through pycuda; skipped, with the reason, whe
 import pytest
 
 from pycaffe_dist import common
-from pycaffe_dist.backend import device
+from pycaffe_dist.backend import select
 from pycaffe_dist.errors import DeviceError
 
 _cuda = {}
@@ -31,11 +31,11 @@ def gpu(request):
         from pycaffe_dist.backend.emulated import EmulatedDevice
         dev = EmulatedDevice()
     previous = common.mode()
-    device.use(dev)
+    select.use(dev)
     common.set_mode_gpu()
     try:
         yield dev
     finally:
         if previous == "cpu":
             common.set_mode_cpu()
-        device.forget()
+        select.forget()

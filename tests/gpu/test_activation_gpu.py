@@ -9,8 +9,8 @@ import pytest
 
 from pycaffe_dist import common
 from pycaffe_dist.layers import activation, create_layer
-from pycaffe_dist.net import synced_memory
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob import synced_memory
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.layers.gradient_checker import layer_param
 

@@ -12,7 +12,7 @@ import pytest
 from pycaffe_dist import common
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.layers import conv as conv_layers
-from pycaffe_dist.net import synced_memory
+from pycaffe_dist.blob import synced_memory
 from pycaffe_dist.proto import caffe_pb2
 from pycaffe_dist.pycaffe import Net
 from tests.layers.gradient_checker import GradientChecker, layer_param

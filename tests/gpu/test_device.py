@@ -5,8 +5,8 @@ import pytest
 from pycaffe_dist.backend import kernel_source
 from pycaffe_dist.backend.device import CachingAllocator
 from pycaffe_dist.errors import DeviceError
-from pycaffe_dist.net.blob import Blob
-from pycaffe_dist.net import synced_memory as sm
+from pycaffe_dist.blob.blob import Blob
+from pycaffe_dist.blob import synced_memory as sm
 
 
 def test_caching_allocator_reuses_freed_blocks_of_a_size():

@@ -7,7 +7,7 @@ import pytest
 
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from tests.gpu.test_norm_gpu import assert_same, gaussian, run_both
 from tests.layers.gradient_checker import layer_param
 

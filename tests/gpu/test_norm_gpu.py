@@ -9,11 +9,11 @@ GEMV sums (BatchNorm, MVN), hence rtol 1e-5 / atol 1e-6 rather than equality (se
 import numpy as np
 import pytest
 
-from pycaffe_dist.backend import device
+from pycaffe_dist.backend import select
 from pycaffe_dist.backend.emulated import EmulatedDevice
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net import synced_memory
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob import synced_memory
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.layers.gradient_checker import layer_param
 
@@ -25,7 +25,7 @@ def tolerance():
     GEMV sums; looser on a real GPU, whose expf/powf/logf differ from libm's by an ulp or two, whose cuBLAS sums in
     another order and where nvcc contracts multiply-adds to FMA (BatchNorm's and MVN's backward subtract nearly
     equal terms, which magnifies those differences)."""
-    return (1e-5, 1e-6) if isinstance(device.current(), EmulatedDevice) else (1e-4, 1e-5)
+    return (1e-5, 1e-6) if isinstance(select.current(), EmulatedDevice) else (1e-4, 1e-5)
 
 
 def gaussian(shape, seed=1701, scale=1.0, shift=0.0):

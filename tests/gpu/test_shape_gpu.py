@@ -6,8 +6,8 @@ import pytest
 
 from pycaffe_dist import common
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net import synced_memory
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob import synced_memory
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.pycaffe import Net
 from tests.gpu.test_activation_gpu import compare_layer, gaussian, tolerance
 from tests.layers.gradient_checker import layer_param

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pycaffe_dist import common
-from pycaffe_dist.net import synced_memory
+from pycaffe_dist.blob import synced_memory
 from tests.solver import test_golden_solvers as golden
 from tests.solver.test_golden_solvers import CASES, make_solver, params_of
 

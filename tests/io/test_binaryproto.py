@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.errors import ModelFileError
-from pycaffe_dist.io.binaryproto import (read_binary, read_mean_file, read_net_binary, read_solverstate,
-                                         write_binary, write_mean_file)
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.binaryproto import read_blob_file, write_blob_file
+from pycaffe_dist.io.load import read_net_binary
+from pycaffe_dist.proto.binary import read_binary, write_binary
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.conftest import GOLDEN, load_npz
 
@@ -13,7 +14,7 @@ SGD = GOLDEN / "solvers" / "sgd_momentum"
 
 
 def test_caffe_written_snapshot_and_solverstate():
-    state = read_solverstate(SGD / "snap_iter_10.solverstate")
+    state = read_binary(SGD / "snap_iter_10.solverstate", caffe_pb2.SolverState())
     assert state.iter == 10 and state.learned_net.endswith("snap_iter_10.caffemodel")
     history = load_npz(SGD / "solverstate_iter10.npz")
     assert len(state.history) == len([k for k in history if k.startswith("history/")])
@@ -34,9 +35,9 @@ def test_round_trip_is_byte_identical(tmp_path):
 
 def test_mean_file_round_trip(tmp_path):
     mean = np.random.default_rng(0).random((1, 3, 4, 5), dtype=np.float32)
-    write_mean_file(tmp_path / "mean.binaryproto", mean)
-    np.testing.assert_array_equal(read_mean_file(tmp_path / "mean.binaryproto"), mean)
-    h = read_mean_file(GOLDEN / "layers" / "infogain_loss" / "H.binaryproto")
+    write_blob_file(tmp_path / "mean.binaryproto", mean)
+    np.testing.assert_array_equal(read_blob_file(tmp_path / "mean.binaryproto"), mean)
+    h = read_blob_file(GOLDEN / "layers" / "infogain_loss" / "H.binaryproto")
     assert h.ndim >= 2
 
 
@@ -49,7 +50,7 @@ def test_bad_solverstate(tmp_path, content, message):
     path = tmp_path / "x.solverstate"
     path.write_bytes(content)
     with pytest.raises(ModelFileError, match=message):
-        read_solverstate(path)
+        read_binary(path, caffe_pb2.SolverState())
 
 
 def test_truncated_caffemodel_and_foreign_fields(tmp_path):

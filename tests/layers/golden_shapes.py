@@ -3,7 +3,7 @@ import json
 
 from pycaffe_dist.io.prototxt import read_text
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.conftest import GOLDEN, load_npz
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from pycaffe_dist import common
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 
 

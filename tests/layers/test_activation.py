@@ -10,7 +10,7 @@ import pytest
 from pycaffe_dist import common
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.layers.gradient_checker import check_layer, layer_param
 

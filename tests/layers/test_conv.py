@@ -120,7 +120,7 @@ def test_float32_and_float64_give_the_same_numbers():
     l64, b64, t64 = gc.make(layer_param(text), [x])
     l64.forward(b64, t64)
     from pycaffe_dist.layers import create_layer
-    from pycaffe_dist.net.blob import Blob
+    from pycaffe_dist.blob.blob import Blob
     b32, t32 = [Blob(x.shape)], [Blob()]
     b32[0].data[...] = x
     l32 = create_layer(layer_param(text))

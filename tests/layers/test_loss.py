@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.errors import ModelFileError, NetError
-from pycaffe_dist.io.binaryproto import write_binary
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.proto.binary import write_binary
+from pycaffe_dist.blob.blob import Blob
 from tests.layers.gradient_checker import GradientChecker, check_layer, layer_param
 
 FLT_MIN = np.finfo(np.float32).tiny

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.layers.gradient_checker import GradientChecker, check_layer, layer_param
 

@@ -4,7 +4,7 @@ import pytest
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.io.prototxt import parse_text
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.layers.golden_shapes import cases_of, check_case_shapes
 

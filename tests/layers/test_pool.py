@@ -11,7 +11,7 @@ from pycaffe_dist._kernels import pooling as kernels
 from pycaffe_dist.backend import pooling
 from pycaffe_dist.layers import create_layer
 from pycaffe_dist.layers.pool import spp_level_geometry
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.proto import caffe_pb2
 from tests.layers.gradient_checker import check_layer, layer_param
 

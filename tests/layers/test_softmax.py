@@ -6,7 +6,7 @@ import pytest
 from pycaffe_dist.backend import softmax
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.layers import create_layer
-from pycaffe_dist.net.blob import Blob
+from pycaffe_dist.blob.blob import Blob
 from tests.layers.gradient_checker import check_layer, layer_param
 
 

@@ -4,8 +4,8 @@ import pytest
 
 from pycaffe_dist import common
 from pycaffe_dist.errors import NetError
-from pycaffe_dist.net.blob import Blob, canonical_axis
-from pycaffe_dist.net.filler import fill
+from pycaffe_dist.blob.blob import Blob, canonical_axis
+from pycaffe_dist.blob.filler import fill
 from pycaffe_dist.proto import caffe_pb2
 
 

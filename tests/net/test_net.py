@@ -31,7 +31,7 @@ def test_golden_net_shapes_and_weights(case):
     for name, value in load_npz(d / "forward.npz").items():
         assert shapes[name] == value.shape, name
     params = load_npz(d / "params.npz")
-    from pycaffe_dist.io.binaryproto import read_net_binary
+    from pycaffe_dist.io.load import read_net_binary
     net.copy_trained_layers_from(read_net_binary(d / "weights.caffemodel"))
     for key, value in params.items():
         _, layer, index = key.split("/")

@@ -9,11 +9,11 @@ import re
 import numpy as np
 import pytest
 
-from pycaffe_dist.io.binaryproto import read_binary
+from pycaffe_dist.proto.binary import read_binary
 from pycaffe_dist.io.load import read_solver
 from pycaffe_dist.proto import caffe_pb2
 from pycaffe_dist.solver.lr_policy import learning_rate
-from pycaffe_dist.solver.solver import Solver
+from pycaffe_dist.pycaffe import Solver
 from tests.conftest import GOLDEN, load_npz
 
 SOLVERS = GOLDEN / "solvers"

@@ -17,7 +17,7 @@ import pytest
 
 from pycaffe_dist import common
 from pycaffe_dist.io.load import read_solver
-from pycaffe_dist.solver.solver import Solver
+from pycaffe_dist.pycaffe import Solver
 from tests.conftest import GOLDEN
 
 CASE = GOLDEN / "training" / "lenet_fashion_mnist"

@@ -9,12 +9,12 @@ import pytest
 
 import pycaffe_dist as caffe
 from pycaffe_dist.errors import SolverError
-from pycaffe_dist.io.binaryproto import read_binary
+from pycaffe_dist.proto.binary import read_binary
 from pycaffe_dist.io.prototxt import parse_text
-from pycaffe_dist.net import synced_memory
+from pycaffe_dist.blob import synced_memory
 from pycaffe_dist.proto import caffe_pb2
 from pycaffe_dist.solver import updates
-from pycaffe_dist.solver.solver import Solver
+from pycaffe_dist.pycaffe import Solver
 from tests.conftest import GOLDEN
 
 NET = """
@@ -267,7 +267,7 @@ def test_hdf5_state_restores_from_caffes_and_our_older_scalar_layout(tmp_path):
 
 def test_hdf5_model_with_diffs_keeps_the_diffs_of_shared_params(tmp_path):
     # Net::ToHDF5: data only for the owners, diffs "regardless of weight-sharing"
-    from pycaffe_dist.solver.snapshot import write_model
+    from pycaffe_dist.io.caffemodel import write_model
     twin = parse_text("""
         layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
         layer { name: "a" type: "InnerProduct" bottom: "x" top: "ya" param { name: "w" }
@@ -300,6 +300,18 @@ def test_solver_computes_where_the_process_mode_says_not_where_solver_mode_does(
     s.step(1)
     assert s.iter == 1 and not caplog.records
     assert s.net.learnable_params[0]._data.head == synced_memory.HOST
+
+
+def test_the_solver_builds_nets_of_its_net_class(tmp_path):
+    """The core Solver builds net.Net, pycaffe's solvers pycaffe's Net (with its dictionaries), train and test."""
+    from pycaffe_dist.net.net import Net as CoreNet
+    from pycaffe_dist.solver.solver import Solver as CoreSolver
+    tests = "test_iter: 1 test_interval: 2"
+    core = CoreSolver(solver_param(tmp_path, tests))
+    assert type(core.net) is CoreNet and [type(n) for n in core.test_nets] == [CoreNet]
+    assert not hasattr(core.net, "params")
+    ours = Solver(solver_param(tmp_path, tests))
+    assert type(ours.net) is caffe.Net and [type(n) for n in ours.test_nets] == [caffe.Net]
 
 
 def test_pycaffe_solver_classes(tmp_path):

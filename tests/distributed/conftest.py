@@ -11,8 +11,8 @@ import pytest
 from google.protobuf import text_format
 
 from pycaffe_dist.data.sources import open_writer
-from pycaffe_dist.dist.launch import LocalRedis
-from pycaffe_dist.dist.store import PASSWORD_ENV, Store
+from pycaffe_dist.distributed.launch import LocalRedis
+from pycaffe_dist.distributed.store import PASSWORD_ENV, Store
 from pycaffe_dist.proto import caffe_pb2
 
 CLASSES, SIDE = 4, 4

@@ -10,7 +10,7 @@ Host memory is page-locked while a device is in use, so those copies run at full
 """
 import numpy as np
 
-from ..backend import device as _device
+from ..backend import select
 from ..errors import DeviceError
 
 UNINIT, HOST, DEVICE, SYNCED = 0, 1, 2, 3
@@ -30,19 +30,19 @@ class SyncedMemory:
 
     def host(self, write=True):
         if self._host is None:
-            self._host = (_device.current().pinned_empty(self.size, self.dtype) if self._dev is not None
+            self._host = (select.current().pinned_empty(self.size, self.dtype) if self._dev is not None
                           else np.empty(self.size, self.dtype))
             if self.head == UNINIT:
                 self._host[...] = 0
         if self.head == DEVICE:
-            _device.current().download(self._dev, self._host)
+            select.current().download(self._dev, self._host)
             self.head = SYNCED
         if write or self.head == UNINIT:
             self.head = HOST
         return self._host
 
     def device(self, write=True):
-        dev = _device.current()
+        dev = select.current()
         if self._dev is None:
             if self.dtype != np.float32:
                 raise DeviceError("the GPU path computes in float32; this blob holds %s" % self.dtype)

@@ -1,4 +1,5 @@
-"""Binary protos on disk: .caffemodel (NetParameter), .binaryproto mean files (BlobProto), .solverstate.
+"""Caffe's messages as binary files and bytes: .caffemodel (NetParameter), .binaryproto (BlobProto),
+.solverstate (SolverState).
 
 Caffe writes these with SerializeToOstream and reads them with a 2 GiB byte limit. A truncated or foreign file
 would otherwise surface as a bare protobuf DecodeError, or even parse as a message full of unknown fields:
@@ -6,12 +7,10 @@ both become a ModelFileError naming the file and what was expected.
 """
 import pathlib
 
-import numpy as np
 from google.protobuf.message import DecodeError
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from ..errors import ModelFileError
-from ..proto import caffe_pb2
 
 _WHAT = {
     "NetParameter": "a Caffe model (.caffemodel: binary NetParameter)",
@@ -57,33 +56,3 @@ def read_binary(path, message):
 
 def write_binary(path, message):
     pathlib.Path(path).write_bytes(message.SerializeToString())
-
-
-def read_net_binary(path):
-    """A .caffemodel as a NetParameter, upgraded from V0/V1 as Caffe does on load (ReadNetParamsFromBinaryFile)."""
-    from .load import upgrade_net_with_notice
-    net = read_binary(path, caffe_pb2.NetParameter())
-    upgrade_net_with_notice(net, str(path))
-    return net
-
-
-def read_mean_file(path):
-    """A mean .binaryproto as a float32 array of the blob's shape (Caffe's mean files are 1xCxHxW)."""
-    from ..net.blob import Blob
-    proto = read_binary(path, caffe_pb2.BlobProto())
-    try:
-        return Blob.from_proto_new(proto, what=str(path)).data
-    except Exception as exc:
-        raise ModelFileError("%s: %s" % (path, exc)) from None
-
-
-def write_mean_file(path, array):
-    from ..net.blob import Blob
-    array = np.asarray(array, dtype=np.float32)
-    blob = Blob(array.shape)
-    blob.data[...] = array
-    write_binary(path, blob.to_proto())
-
-
-def read_solverstate(path):
-    return read_binary(path, caffe_pb2.SolverState())

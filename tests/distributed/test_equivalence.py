@@ -4,7 +4,7 @@ W + (x' - x). Gradient-only without overlap is the local run with the update on 
 import numpy as np
 import pytest
 
-from pycaffe_dist.solver.snapshot import load_weights
+from pycaffe_dist.io.caffemodel import load_weights
 from pycaffe_dist.solver.solver import Solver
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

@@ -3,8 +3,8 @@ two servers, messages, and a job's keys."""
 import numpy as np
 import pytest
 
-from pycaffe_dist.dist.launch import LocalRedis
-from pycaffe_dist.dist.store import HEADER, Store, connect
+from pycaffe_dist.distributed.launch import LocalRedis
+from pycaffe_dist.distributed.store import HEADER, Store, connect
 from pycaffe_dist.errors import StoreError
 
 pytestmark = pytest.mark.redis

@@ -21,7 +21,7 @@ import time
 from ..errors import StoreError
 from .store import PASSWORD_ENV
 
-log = logging.getLogger("pycaffe_dist.dist")
+log = logging.getLogger("pycaffe_dist.distributed")
 
 
 def find_redis_server():

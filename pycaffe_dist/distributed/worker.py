@@ -25,7 +25,7 @@ from . import job as jobs
 from .modes import MODES
 from .store import Store
 
-log = logging.getLogger("pycaffe_dist.dist")
+log = logging.getLogger("pycaffe_dist.distributed")
 POLL_S = 1.0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from .. import common
 from ..errors import StoreError
 from ..io.load import read_solver
-from ..solver import snapshot as snapshots
+from ..io import caffemodel, solverstate
 from ..solver.solver import Solver, _fmt
 from . import job as jobs
 from .modes import MODES
@@ -108,13 +108,13 @@ class Master:
 
     def _restore(self, snapshot):
         if snapshot:
-            state = snapshots.read_state(snapshot)
+            state = solverstate.read_state(snapshot)
             learned = state["learned_net"]
             if learned and not os.path.exists(learned) and not os.path.isabs(learned):
                 learned = os.path.join(os.path.dirname(snapshot), learned)
-            snapshots.load_weights(self.net, learned)
+            caffemodel.load_weights(self.net, learned)
             shapes = self.shapes * (len(self.solver.history) // len(self.shapes))
-            self.solver.history = snapshots.check_history(snapshot, state["history"], shapes)
+            self.solver.history = solverstate.check_history(snapshot, state["history"], shapes)
             self.count, self.solver.current_step = state["iter"], state["current_step"]
             log.info("Resuming job %s from %s at merge %d", self.job, snapshot, self.count)
             return

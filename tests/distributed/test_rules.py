@@ -3,7 +3,7 @@ round starts. The master here is a recorder of what the rule asks for (the store
 import numpy as np
 import pytest
 
-from pycaffe_dist.dist.modes import MODES, base, easgd, gradient_only
+from pycaffe_dist.distributed.modes import MODES, base, easgd, gradient_only
 
 
 class Recorder:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import StoreError
 
-log = logging.getLogger("pycaffe_dist.dist")
+log = logging.getLogger("pycaffe_dist.distributed")
 
 PREFIX = "pcd"
 HEADER = 8                      # the version in front of every blob value

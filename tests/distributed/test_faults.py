@@ -83,7 +83,7 @@ def test_a_remote_redis_without_password_is_refused(env):
 
 
 def test_an_unreachable_redis_is_retried_then_a_clear_error(env):
-    from pycaffe_dist.dist.launch import free_port
+    from pycaffe_dist.distributed.launch import free_port
     port = free_port()
     result = _cli("worker", "--redis", "redis://127.0.0.1:%d" % port, "--job", "x", "--redis-retry", 1, env=env)
     assert result.returncode == 1
@@ -92,8 +92,8 @@ def test_an_unreachable_redis_is_retried_then_a_clear_error(env):
 
 
 def test_redis_killed_mid_run_gives_clear_errors_and_keeps_the_weights(procs, make_solver, monkeypatch, tmp_path):
-    from pycaffe_dist.dist.launch import LocalRedis
-    from pycaffe_dist.dist.store import Store
+    from pycaffe_dist.distributed.launch import LocalRedis
+    from pycaffe_dist.distributed.store import Store
     server = LocalRedis()
     try:
         procs.env["PCD_REDIS_PASSWORD"] = server.password

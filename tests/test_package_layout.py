@@ -1,0 +1,214 @@
+"""The package's layout, read from its source with `ast` (nothing is imported):
+
+- imports only go down the floors of ../shared/DESIGN.md (as the code has them: the backend below the blob,
+  see FLOORS), and no import circle exists but the recurrent layers' inner Net;
+- no module reads another module's private names (`x._name` where `_name` is not its own);
+- every Redis call is made in distributed/store.py;
+- every distributed mode option is declared once, in its mode module.
+"""
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "pycaffe_dist"
+GENERATED = {"proto/caffe_pb2.py"}
+
+# Bottom up; a module may import from its own floor and the floors below it. The backend (devices, kernels) sits
+# below the blob because a blob's SyncedMemory holds a device copy, as Caffe's SyncedMemory calls CUDA.
+FLOORS = [
+    {"errors", "proto", "common", "libm", "_kernels"},
+    {"backend"},
+    {"blob"},
+    {"data"},
+    {"layers"},
+    {"net"},
+    {"io"},
+    {"solver"},
+    {"distributed"},
+    {"pycaffe", "net_spec", "cli", "__init__", "__main__"},
+]
+# Caffe's RecurrentLayer builds an inner Net of layers: the one import that runs up, and the one circle.
+ALLOWED_UP = {("layers.recurrent", "net.net")}
+
+
+def modules():
+    """{dotted name under pycaffe_dist ('net.net', 'layers' for layers/__init__.py): path}."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.as_posix() in GENERATED:
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def is_package(name):
+    return MODULES[name].name == "__init__.py"
+
+
+def resolve(name, node):
+    """The package modules an import statement in module `name` names."""
+    if isinstance(node, ast.Import):
+        return [a.name[len("pycaffe_dist."):] for a in node.names if a.name.startswith("pycaffe_dist.")]
+    if node.level == 0:
+        if not (node.module or "").startswith("pycaffe_dist"):
+            return []
+        base = node.module[len("pycaffe_dist."):].split(".") if node.module != "pycaffe_dist" else []
+    else:
+        here = name.split(".") if name != "__init__" else []
+        package = here if name in MODULES and is_package(name) else here[:-1]
+        base = package[:len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+    found = []
+    for alias in node.names:
+        candidate = ".".join(base + [alias.name])
+        if candidate in MODULES:
+            found.append(candidate)
+        elif base:
+            found.append(".".join(base))
+        else:
+            found.append("__init__")
+    return [f for f in found if f in MODULES]
+
+
+def imports():
+    """{(importer, imported)} over every import statement, at module level or inside functions."""
+    edges = set()
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges.update((name, target) for target in resolve(name, node) if target != name)
+    return edges
+
+
+def floor(name):
+    top = name.split(".")[0]
+    for level, names in enumerate(FLOORS):
+        if top in names:
+            return level
+    raise AssertionError("pycaffe_dist/%s is on no floor: add its package to FLOORS" % name.replace(".", "/"))
+
+
+def test_the_floors_name_every_package():
+    for name in MODULES:
+        floor(name)
+
+
+def test_imports_only_go_down():
+    up = sorted((a, b) for a, b in imports() if floor(b) > floor(a) and (a, b) not in ALLOWED_UP)
+    assert not up, "imports that run up the floors: " + "; ".join("%s -> %s" % e for e in up)
+
+
+def test_no_circles_but_the_recurrent_layers_net():
+    graph = {}
+    for a, b in imports():
+        graph.setdefault(a, set()).add(b)
+    circles = []
+    for a, b in imports():
+        # a -> b closes a circle when b reaches a again.
+        seen, todo = set(), [b]
+        while todo:
+            current = todo.pop()
+            if current == a:
+                circles.append((a, b))
+                break
+            if current not in seen:
+                seen.add(current)
+                todo.extend(graph.get(current, ()))
+    allowed = {"layers", "layers.recurrent", "net.net"}
+    bad = sorted(e for e in circles if not set(e) <= allowed)
+    assert not bad, "imports in a circle: " + "; ".join("%s -> %s" % e for e in bad)
+
+
+def test_the_layout_test_sees_imports():
+    """The checks above would pass on a walker that found nothing: make sure it finds what is known to be there."""
+    edges = imports()
+    assert ("layers.recurrent", "net.net") in edges
+    assert ("net.net", "layers") in edges
+    assert any(a.startswith("solver") and b == "net.net" for a, b in edges)
+    assert floor("backend.select") < floor("blob.blob") < floor("net.net") < floor("distributed.master")
+
+
+def own_private_names(tree):
+    """Private names a module defines: functions, classes, assignments, attributes it sets, __slots__."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)       # __slots__ entries, getattr/setattr by name
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return {n for n in names if n.startswith("_")}
+
+
+def private_reads(source, label):
+    tree = ast.parse(source, label)
+    own = own_private_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if node.attr not in own:
+                found.append("%s:%d .%s" % (label, node.lineno, node.attr))
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__") and alias.name != "_kernels":
+                    found.append("%s:%d imports %s" % (label, node.lineno, alias.name))
+    return found
+
+
+def test_no_module_reads_another_modules_private_names():
+    found = [f for path in MODULES.values()
+             for f in private_reads(path.read_text(), str(path.relative_to(PACKAGE.parent)))]
+    assert not found, "private names read across modules:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_can_fail():
+    source = "from .net import _hidden\n\ndef f(net, self):\n    self._mine = 1\n    return net._blob_list, net._mine\n"
+    assert sorted(private_reads(source, "probe.py")) == ["probe.py:1 imports _hidden", "probe.py:5 ._blob_list"]
+
+
+REDIS_COMMANDS = {"set", "get", "getrange", "strlen", "hset", "hget", "hgetall", "hincrby", "hsetnx", "hstrlen",
+                  "incr", "delete", "lpush", "rpop", "brpop", "scan_iter", "exists", "ping", "pipeline", "expire",
+                  "publish", "keys", "flushdb", "hdel", "llen", "lrange", "setnx"}
+
+
+def test_every_redis_call_is_in_the_store():
+    """Redis is reached through a client (`.control`, `.clients`, `redis.Redis`): only distributed/store.py may
+    hold one."""
+    found = []
+    for name, path in MODULES.items():
+        if name == "distributed.store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("control", "clients"):
+                found.append("%s:%d .%s" % (path.relative_to(PACKAGE.parent), node.lineno, node.attr))
+            if isinstance(node, ast.Attribute) and node.attr == "Redis" and isinstance(node.value, ast.Name) \
+                    and node.value.id == "redis":
+                found.append("%s:%d redis.Redis" % (path.relative_to(PACKAGE.parent), node.lineno))
+    assert not found, "Redis reached outside distributed/store.py:\n" + "\n".join(found)
+
+
+def test_mode_options_are_declared_once():
+    """Each option name appears as a declaration in one mode module only, and nowhere else spells a default."""
+    from pycaffe_dist.distributed.modes import MODES
+    declared = {}
+    for mode, module in MODES.items():
+        for option in module.OPTIONS:
+            assert option.name not in declared or declared[option.name] is option, \
+                "option %s declared by %s and by %s" % (option.name, declared[option.name], mode)
+            declared[option.name] = option
+    assert {"tau", "factor", "max_advance", "weedout", "moving_rate", "overlap"} <= set(declared)
