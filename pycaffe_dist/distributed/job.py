@@ -9,9 +9,20 @@ from google.protobuf import text_format
 from ..errors import StoreError
 from ..io.load import read_net
 from ..proto import caffe_pb2
+from .store import job_ids
 
 SPEC_VERSION = 1
-DEFAULT_OPTIONS = {"tau": 1, "factor": 1.0, "max_advance": 1, "weedout": 0, "moving_rate": 0.5, "overlap": None}
+
+
+def find_job(urls, job):
+    """The job to join or resume: the one given, or the only one on the (first) server."""
+    if job:
+        return job
+    found = job_ids(urls.split(",")[0])
+    if len(found) != 1:
+        raise StoreError("%s jobs on this Redis%s: give --job" % ("no" if not found else len(found),
+                                                                 "" if not found else " (%s)" % ", ".join(found)))
+    return found[0]
 
 
 def new_job_id(net_name):
@@ -67,9 +78,3 @@ def check_spec(spec, where):
         if field not in spec:
             raise StoreError("%s: the job spec has no %r" % (where, field))
     return spec
-
-
-def blob_names(net):
-    """'layer/index' for every learnable blob (the owners of shared ones), in the net's order."""
-    return ["%s/%d" % (net.layer_names[layer_id], index)
-            for (layer_id, index), owner in zip(net.param_layer_index, net.param_owner) if owner < 0]

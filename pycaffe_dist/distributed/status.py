@@ -4,7 +4,7 @@ the snapshots the master wrote. Without --job, every job on the server, one line
 import json
 
 from ..errors import StoreError
-from .store import Store, connect, describe
+from .store import Store, describe, job_ids
 
 
 def job_status(store):
@@ -12,17 +12,15 @@ def job_status(store):
     spec = store.job_spec()
     if spec is None:
         return None
-    state = store.get_field(store.key("job"), "state")
-    progress = store.get_field(store.key("stats"), "progress")
-    progress = json.loads(progress) if progress else {}
-    members = {k.decode(): json.loads(v)
-               for k, v in store.call(store.control.hgetall, store.key("workers")).items()}
+    state = store.job_state()
+    progress = store.progress() or {}
+    members = store.members()
     ids = sorted(members, key=int)
-    alive = dict(zip(ids, store.alive(["hb:%s" % w for w in ids])))
+    alive = dict(zip(ids, store.workers_alive(ids)))
     rates = progress.get("workers", {})
     workers = [dict(members[w], id=w, alive=alive[w], images_per_s=rates.get(w)) for w in ids]
     return {"job": store.job, "mode": spec["mode"], "options": spec["options"], "workers_wanted": spec["workers"],
-            "state": state.decode() if state else None, "master_alive": store.alive(["master"])[0],
+            "state": state, "master_alive": store.master_alive(),
             "count": progress.get("count", 0), "max_iter": progress.get("max_iter"),
             "loss": progress.get("loss"), "exchange_share": progress.get("exchange_share"),
             "test": progress.get("test"), "snapshots": progress.get("snapshots", []), "workers": workers}
@@ -56,7 +54,7 @@ def _number(x):
 def show(urls, job=None, as_json=False, remove=False):
     """The text (or JSON) of `dist_caffe status`; with remove, delete the job's keys afterwards."""
     first = urls.split(",")[0]
-    jobs = [job] if job else Store.job_ids(connect(first))
+    jobs = [job] if job else job_ids(first)
     if not jobs:
         return "no jobs on %s" % describe(first)
     statuses = []
@@ -65,7 +63,7 @@ def show(urls, job=None, as_json=False, remove=False):
         status = job_status(store)
         if status is None:
             raise StoreError("job %s is not on this Redis (jobs there: %s)"
-                             % (j, ", ".join(Store.job_ids(store.control)) or "none"))
+                             % (j, ", ".join(job_ids(first)) or "none"))
         statuses.append(status)
         if remove:
             store.remove_job()

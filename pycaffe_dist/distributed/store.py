@@ -1,18 +1,29 @@
 """The parameter store: one job's weights, results and control messages in Redis (redis-py with hiredis).
 
-Every key a job writes is made here, under `pcd:{job}:`:
+Every Redis call of the package is made here, and every key a job writes, under `pcd:{job}:`, has its methods:
 
-  job                 hash: spec (JSON: solver text, mode, options, blob names and shapes), state, epoch
-  W:{i}               global weights, learnable blob i: 8-byte version (uint64 LE) + raw float32 LE data
-  hist:{k}:{i}        the master's solver history set k, blob i (gradient-only), same layout
-  x:{w}:{i}           worker w's result (delta, gradient or local weights) for blob i, same layout
-  state               hash: merge count, current_step, version (what a restarted master continues from)
-  stats               hash: progress for displays (JSON per field)
-  inbox               list: JSON messages to the master (join, result, leave)
-  go:{w}              list: JSON replies to worker w (welcome, merged, dropped, reset, stop)
-  hb:{w}, master      heartbeat keys with a TTL
-  workers             hash: worker id -> JSON (host, pid, slot), written by the master
-  ids, next_worker    hash of claimed worker ids -> pid; counter for the next free id
+  key                 what it holds                                               methods
+  job                 hash: spec (JSON: solver text, mode, options, blob names     publish_job, job_spec, job_state,
+                      and shapes), state (running/done), epoch                     finish_job
+  W:{i}               global weights, learnable blob i: 8-byte version (uint64     put_weights, get_weights
+                      LE) + raw float32 LE data
+  state               hash: merge count, current_step (what a restarted master    put_weights (with W),
+                      continues from), written with W in one transaction          master_state
+  hist:{k}:{i}        the master's solver history set k, blob i (gradient-only),   put_history, get_history
+                      as W
+  x:{w}:{i}           worker w's result (delta, gradient or local weights) for    put_result, get_result
+                      blob i, as W
+  stats               hash: progress for displays (JSON)                          put_progress, progress
+  inbox               list: JSON messages to the master (join, ready, result,     send_to_master, next_message,
+                      leave)                                                      clear_inbox
+  go:{w}              list: JSON replies to worker w (slot, welcome, merged,      reply_to, next_reply
+                      dropped, reset, stop)
+  hb:{w}, master      heartbeat keys with a TTL                                   worker_heartbeat, master_heartbeat,
+                                                                                  workers_alive, master_alive
+  workers             hash: worker id -> JSON (host, pid, slot), by the master    add_member, members
+  ids, next_worker    hash of claimed worker ids -> pid; the next free id         claim_worker_id
+  (every key)                                                                     leave (hb and go of one worker),
+                                                                                  remove_job
 
 Values are never pickled; JSON control messages are size-checked before parsing and blob reads are bounded by
 the expected size (GETRANGE), then checked against it. Blobs can be sharded over several Redis servers (the
@@ -77,6 +88,26 @@ def connect(url, timeout=10.0):
     return redis.Redis.from_url(url, **kwargs)
 
 
+def server_answers(url, password, timeout=2.0):
+    """Whether the Redis server at `url` answers a PING with `password` (a server being started)."""
+    import redis
+    try:
+        return bool(redis.Redis.from_url(url, password=password, socket_timeout=timeout,
+                                         socket_connect_timeout=timeout).ping())
+    except redis.RedisError:
+        return False
+
+
+def job_ids(url):
+    """The jobs that have a spec on the server at `url`."""
+    client = connect(url)
+    found = []
+    for key in client.scan_iter(match="%s:*:job" % PREFIX, count=1000):
+        key = key.decode() if isinstance(key, bytes) else key
+        found.append(key[len(PREFIX) + 1:-len(":job")])
+    return sorted(found)
+
+
 def _explain(exc, url):
     import redis
     name = describe(url)
@@ -100,35 +131,147 @@ class Store:
         if not urls:
             raise StoreError("no Redis URL given")
         self.urls, self.job, self.retry_s = list(urls), job, retry_s
-        self.clients = [connect(u) for u in self.urls]
-        self.control = self.clients[0]
-        self._buffers = {}                  # (kind, owner, blob) -> a reusable bytearray: version + data
-        self._check_auth()
-
-    # --- keys ---------------------------------------------------------------------------------------------
+        self._clients = [connect(u) for u in self.urls]
+        self._control = self._clients[0]        # the first server holds every key but the sharded blobs
+        self._buffers = {}                      # (kind, owner, blob) -> a reusable bytearray: version + data
+        for url, client in zip(self.urls, self._clients):
+            self._call(client.ping, url=url)
 
     def key(self, *parts):
+        """The full name of one of the job's keys, for messages."""
         return ":".join((PREFIX, self.job) + tuple(str(p) for p in parts))
 
-    def blob_key(self, kind, index, owner=None):
-        return self.key(kind, index) if owner is None else self.key(kind, owner, index)
+    # --- the job: its spec, state and epoch -----------------------------------------------------------------
 
-    @staticmethod
-    def job_ids(client):
-        """The jobs that have a spec on this server."""
-        found = []
-        for key in client.scan_iter(match="%s:*:job" % PREFIX, count=1000):
-            key = key.decode() if isinstance(key, bytes) else key
-            found.append(key[len(PREFIX) + 1:-len(":job")])
-        return sorted(found)
+    def publish_job(self, spec):
+        """Publish (or re-publish) the job: its spec, state running, and a new epoch, which is returned (replies
+        and results carry it, so that those of an earlier master are told apart)."""
+        pipe = self._control.pipeline(transaction=True)
+        pipe.hincrby(self.key("job"), "epoch", 1)
+        pipe.hset(self.key("job"), mapping={"spec": json.dumps(spec), "state": "running"})
+        return int(self._call(pipe.execute)[0])
 
-    # --- errors and retries -------------------------------------------------------------------------------
+    def job_spec(self):
+        raw = self._field(self.key("job"), "spec", MAX_SPEC)
+        return None if raw is None else self._parse(raw, self.key("job"), MAX_SPEC)
 
-    def _check_auth(self):
-        for url, client in zip(self.urls, self.clients):
-            self.call(client.ping, url=url)
+    def job_state(self):
+        """'running', 'done', or None when the job is not on the server (never published, removed, or the server
+        restarted empty)."""
+        raw = self._field(self.key("job"), "state")
+        return None if raw is None else raw.decode()
 
-    def call(self, function, *args, url=None, **kwargs):
+    def finish_job(self):
+        self._call(self._control.hset, self.key("job"), "state", "done")
+
+    # --- blobs: W (with the master's state), the history, the workers' results ------------------------------------
+
+    def put_weights(self, arrays, count, current_step):
+        """W at merge `count`, and the master's state (count, current_step) in the same transaction."""
+        state = {"count": int(count), "current_step": int(current_step)}
+        self._put_blobs("W", arrays, count, extra=lambda pipe: pipe.hset(self.key("state"), mapping=state))
+
+    def get_weights(self, shapes, out=None):
+        """(W, the merge count it was written at)."""
+        return self._get_blobs("W", shapes, out=out)
+
+    def master_state(self):
+        """{'count', 'current_step'} as last written with W (empty when none was)."""
+        raw = self._call(self._control.hgetall, self.key("state"))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def put_history(self, index, arrays, count):
+        self._put_blobs("hist:%d" % index, arrays, count)
+
+    def get_history(self, index, shapes):
+        """History set `index` as arrays, or None when the job has none saved."""
+        return self._get_blobs("hist:%d" % index, shapes, missing_ok=True)[0]
+
+    def put_result(self, worker, arrays, round_id):
+        self._put_blobs("x", arrays, round_id, owner=worker)
+
+    def get_result(self, worker, shapes, out=None):
+        return self._get_blobs("x", shapes, owner=worker, out=out)[0]
+
+    # --- progress, for displays ------------------------------------------------------------------------------
+
+    def put_progress(self, progress):
+        self._call(self._control.hset, self.key("stats"), "progress", json.dumps(progress))
+
+    def progress(self):
+        """The master's last progress dict, or None."""
+        raw = self._field(self.key("stats"), "progress")
+        return None if raw is None else self._parse(raw, self.key("stats"))
+
+    # --- messages -----------------------------------------------------------------------------------------------
+
+    def send_to_master(self, message):
+        self._send(self.key("inbox"), message)
+
+    def next_message(self, timeout):
+        """The next message to the master, or None after `timeout` seconds (0: don't wait)."""
+        return self._receive(self.key("inbox"), timeout)
+
+    def clear_inbox(self):
+        self._call(self._control.delete, self.key("inbox"))
+
+    def reply_to(self, worker, message):
+        self._send(self.key("go", worker), message)
+
+    def next_reply(self, worker, timeout):
+        """The next reply to `worker`, or None after `timeout` seconds (0: don't wait)."""
+        return self._receive(self.key("go", worker), timeout)
+
+    # --- heartbeats and members ------------------------------------------------------------------------------------
+
+    def worker_heartbeat(self, worker, ttl_s):
+        self._beat(self.key("hb", worker), ttl_s)
+
+    def master_heartbeat(self, ttl_s):
+        self._beat(self.key("master"), ttl_s)
+
+    def workers_alive(self, workers):
+        """One bool per worker id: whether its heartbeat lives."""
+        return self._exist([self.key("hb", w) for w in workers])
+
+    def master_alive(self):
+        return self._exist([self.key("master")])[0]
+
+    def add_member(self, worker, info):
+        """Record a member of the job (host, pid, data slot), for the status display and a restarted master."""
+        self._call(self._control.hset, self.key("workers"), str(worker), json.dumps(info))
+
+    def members(self):
+        """{worker id: info} of every worker the master recorded."""
+        raw = self._call(self._control.hgetall, self.key("workers"))
+        return {k.decode(): self._parse(v, self.key("workers")) for k, v in raw.items()}
+
+    def claim_worker_id(self, wanted=None):
+        """The id asked for, or the next free one; each id is claimed once per job (ids: id -> pid)."""
+        ids = self.key("ids")
+        if wanted is not None:
+            if not self._call(self._control.hsetnx, ids, str(wanted), os.getpid()):
+                raise StoreError("job %s already has a worker %s" % (self.job, wanted))
+            return str(wanted)
+        while True:
+            candidate = str(self._call(self._control.incr, self.key("next_worker")) - 1)
+            if self._call(self._control.hsetnx, ids, candidate, os.getpid()):
+                return candidate
+
+    def leave(self, worker):
+        """A worker's heartbeat and reply queue, removed as it leaves."""
+        self._call(self._control.delete, self.key("hb", worker), self.key("go", worker))
+
+    def remove_job(self):
+        """Delete every key of the job, on every server."""
+        for url, client in zip(self.urls, self._clients):
+            keys = list(self._call(lambda: list(client.scan_iter(match=self.key("*"), count=1000)), url=url))
+            for start in range(0, len(keys), 500):
+                self._call(client.delete, *keys[start:start + 500], url=url)
+
+    # --- the calls, retried ---------------------------------------------------------------------------------------
+
+    def _call(self, function, *args, url=None, **kwargs):
         import redis
         delay, deadline, warned = 0.1, time.monotonic() + self.retry_s, False
         while True:
@@ -148,7 +291,54 @@ class Store:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    # --- blobs ----------------------------------------------------------------------------------------------
+    def _beat(self, key, ttl_s):
+        self._call(self._control.set, key, b"1", px=int(ttl_s * 1000))
+
+    def _exist(self, keys):
+        if not keys:
+            return []
+        pipe = self._control.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key)
+        return [bool(x) for x in self._call(pipe.execute)]
+
+    def _field(self, key, field, limit=MAX_MESSAGE):
+        """A hash field of bounded size (None if absent)."""
+        pipe = self._control.pipeline(transaction=True)
+        pipe.hstrlen(key, field)
+        pipe.hget(key, field)
+        length, value = self._call(pipe.execute)
+        if value is not None and length > limit:
+            raise StoreError("job %s: %s %s is %d bytes (at most %d expected)" % (self.job, key, field, length, limit))
+        return value
+
+    def _send(self, queue, message):
+        self._call(self._control.lpush, queue, json.dumps(message, separators=(",", ":")))
+
+    def _receive(self, queue, timeout):
+        if timeout:
+            reply = self._call(self._control.brpop, [queue], timeout=timeout)
+            raw = reply[1] if reply else None
+        else:
+            raw = self._call(self._control.rpop, queue)
+        return None if raw is None else self._parse(raw, queue)
+
+    def _parse(self, raw, where, limit=MAX_MESSAGE):
+        if len(raw) > limit:
+            raise StoreError("job %s: a message of %d bytes on %s (at most %d expected)"
+                             % (self.job, len(raw), where, limit))
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            raise StoreError("job %s: a message on %s is not JSON: %r" % (self.job, where, raw[:80])) from None
+        if not isinstance(message, dict):
+            raise StoreError("job %s: a message on %s is not a JSON object: %r" % (self.job, where, raw[:80]))
+        return message
+
+    # --- blobs ----------------------------------------------------------------------------------------------------
+
+    def _blob_key(self, kind, index, owner=None):
+        return self.key(kind, index) if owner is None else self.key(kind, owner, index)
 
     def _value(self, kind, owner, index, version, array):
         """The blob's value in a reusable buffer (filled with one copy, sent without another)."""
@@ -163,23 +353,23 @@ class Store:
 
     def _by_server(self, count):
         """(server, blob indices) pairs: blob i lives on server i mod the number of servers."""
-        n = len(self.clients)
+        n = len(self._clients)
         return [(server, list(range(server, count, n))) for server in range(min(n, count))]
 
-    def put_blobs(self, kind, arrays, version=0, owner=None, extra=None):
+    def _put_blobs(self, kind, arrays, version=0, owner=None, extra=None):
         """Write float32 arrays as blobs `kind` (of `owner`), atomically per server; `extra(pipe)` may queue more
-        commands on the first server's transaction (a version bump, a state update)."""
+        commands on the first server's transaction (the master's state with W)."""
         for server, indices in self._by_server(len(arrays)):
             def write(indices=indices, server=server):
-                pipe = self.clients[server].pipeline(transaction=True)
+                pipe = self._clients[server].pipeline(transaction=True)
                 for i in indices:
-                    pipe.set(self.blob_key(kind, i, owner), self._value(kind, owner, i, version, arrays[i]))
+                    pipe.set(self._blob_key(kind, i, owner), self._value(kind, owner, i, version, arrays[i]))
                 if server == 0 and extra is not None:
                     extra(pipe)
                 return pipe.execute()
-            self.call(write, url=self.urls[server])
+            self._call(write, url=self.urls[server])
 
-    def get_blobs(self, kind, shapes, owner=None, out=None, missing_ok=False):
+    def _get_blobs(self, kind, shapes, owner=None, out=None, missing_ok=False):
         """Read blobs `kind` of the given shapes into new arrays (or `out`); returns (arrays, version), or
         (None, None) when they are absent and missing_ok. Each read is bounded by the expected size and checked;
         with several servers, a torn read (blobs of different versions) is read again."""
@@ -188,23 +378,23 @@ class Store:
             values = [None] * len(shapes)
             for server, indices in self._by_server(len(shapes)):
                 def read(indices=indices, server=server):
-                    pipe = self.clients[server].pipeline(transaction=True)
+                    pipe = self._clients[server].pipeline(transaction=True)
                     for i in indices:
-                        key = self.blob_key(kind, i, owner)
+                        key = self._blob_key(kind, i, owner)
                         pipe.strlen(key)
                         pipe.getrange(key, 0, sizes[i] - 1)
                     return pipe.execute()
-                replies = self.call(read, url=self.urls[server])
+                replies = self._call(read, url=self.urls[server])
                 for n, i in enumerate(indices):
                     length, value = replies[2 * n], replies[2 * n + 1]
                     if length == 0:
                         if missing_ok:
                             return None, None
                         raise StoreError("job %s: %s is missing from Redis (was the server restarted or the job "
-                                         "removed?)" % (self.job, self.blob_key(kind, i, owner)))
+                                         "removed?)" % (self.job, self._blob_key(kind, i, owner)))
                     if length != sizes[i]:
                         raise StoreError("job %s: %s holds %d bytes but blob %d of shape %s needs %d"
-                                         % (self.job, self.blob_key(kind, i, owner), length, i,
+                                         % (self.job, self._blob_key(kind, i, owner), length, i,
                                             "x".join(map(str, shapes[i])), sizes[i]))
                     values[i] = value
             versions = {int(np.frombuffer(v, "<u8", 1)[0]) for v in values}
@@ -216,60 +406,3 @@ class Store:
         for a, v in zip(arrays, values):
             a[...] = np.frombuffer(v, "<f4", offset=HEADER).reshape(a.shape)
         return arrays, versions.pop()
-
-    # --- control --------------------------------------------------------------------------------------------
-
-    def send(self, queue, message):
-        self.call(self.control.lpush, queue, json.dumps(message, separators=(",", ":")))
-
-    def receive(self, queue, timeout):
-        """The next JSON message on `queue`, or None after `timeout` seconds (0 = don't wait)."""
-        if timeout:
-            reply = self.call(self.control.brpop, [queue], timeout=timeout)
-            raw = reply[1] if reply else None
-        else:
-            raw = self.call(self.control.rpop, queue)
-        return None if raw is None else self.parse(raw, queue)
-
-    def parse(self, raw, where):
-        if len(raw) > MAX_MESSAGE:
-            raise StoreError("job %s: a message of %d bytes on %s (at most %d expected)"
-                             % (self.job, len(raw), where, MAX_MESSAGE))
-        try:
-            message = json.loads(raw)
-        except ValueError:
-            raise StoreError("job %s: a message on %s is not JSON: %r" % (self.job, where, raw[:80])) from None
-        if not isinstance(message, dict):
-            raise StoreError("job %s: a message on %s is not a JSON object: %r" % (self.job, where, raw[:80]))
-        return message
-
-    def heartbeat(self, name, ttl_s):
-        self.call(self.control.set, self.key(name), b"1", px=int(ttl_s * 1000))
-
-    def alive(self, names):
-        pipe = self.control.pipeline(transaction=False)
-        for n in names:
-            pipe.exists(self.key(n))
-        return [bool(x) for x in self.call(pipe.execute)] if names else []
-
-    def get_field(self, key, field, limit=MAX_MESSAGE):
-        """A hash field of bounded size (None if absent)."""
-        pipe = self.control.pipeline(transaction=True)
-        pipe.hstrlen(key, field)
-        pipe.hget(key, field)
-        length, value = self.call(pipe.execute)
-        if value is not None and length > limit:
-            raise StoreError("job %s: %s %s is %d bytes (at most %d expected)" % (self.job, key, field, length, limit))
-        return value
-
-    def job_spec(self):
-        raw = self.get_field(self.key("job"), "spec", MAX_SPEC)
-        return None if raw is None else self.parse(raw, self.key("job"))
-
-    def remove_job(self):
-        """Delete every key of the job, on every server."""
-        for url, client in zip(self.urls, self.clients):
-            keys = list(self.call(lambda: list(client.scan_iter(match=self.key("*"), count=1000)), url=url))
-            for start in range(0, len(keys), 500):
-                self.call(client.delete, *keys[start:start + 500], url=url)
-

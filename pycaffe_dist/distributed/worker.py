@@ -16,11 +16,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from .. import common
 from ..errors import StoreError
-from ..solver.solver import images_per_iteration
+from ..solver.solver import Solver
 from . import job as jobs
 from .modes import MODES
 from .store import Store
@@ -38,51 +36,27 @@ class Outcome:
         self.status, self.pulled, self.iteration = status, pulled, iteration
 
 
-def find_job(store_urls, job):
-    """The job to join: the one given, or the only one on the server."""
-    if job:
-        return job
-    from .store import connect
-    found = Store.job_ids(connect(store_urls.split(",")[0]))
-    if len(found) != 1:
-        raise StoreError("%s jobs on this Redis%s: give --job" % ("no" if not found else len(found),
-                                                                 "" if not found else " (%s)" % ", ".join(found)))
-    return found[0]
-
-
 class Worker:
     def __init__(self, urls, job=None, threads=1, master_timeout_s=120.0, retry_s=30.0, wait_for_job_s=60.0,
                  worker_id=None):
-        self.job = find_job(urls, job) if job or wait_for_job_s <= 0 else self._wait_for_a_job(urls, wait_for_job_s)
+        self.job = jobs.find_job(urls, job) if job or wait_for_job_s <= 0 else \
+            self._wait_for_a_job(urls, wait_for_job_s)
         self.store = Store(urls, self.job, retry_s)
         self.threads, self.master_timeout_s = threads, master_timeout_s
         self.spec = self._wait_for_spec(wait_for_job_s)
         self.mode = MODES[self.spec["mode"]].Worker
-        self.tau = int(self.spec["options"].get("tau", 1))
+        self.tau = int(self.spec["options"].get("tau", 1))     # gradient-only has no tau: one gradient a round
         self.heartbeat_s = float(self.spec["heartbeat_s"])
-        self.id = self._claim_id(worker_id)
-        self.inbox, self.replies = self.store.key("inbox"), self.store.key("go", self.id)
+        self.id = self.store.claim_worker_id(worker_id)
         self.epoch, self.stopping, self.error = 0, threading.Event(), None
         self.stats = {"rounds": 0, "images": 0}
-
-    def _claim_id(self, wanted):
-        """The id asked for, or the next free one; ids are claimed once per job (a hash of id -> pid)."""
-        s, ids = self.store, self.store.key("ids")
-        if wanted is not None:
-            if not s.call(s.control.hsetnx, ids, str(wanted), os.getpid()):
-                raise StoreError("job %s already has a worker %s" % (self.job, wanted))
-            return str(wanted)
-        while True:
-            candidate = str(s.call(s.control.incr, s.key("next_worker")) - 1)
-            if s.call(s.control.hsetnx, ids, candidate, os.getpid()):
-                return candidate
 
     @staticmethod
     def _wait_for_a_job(urls, wait_s):
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return find_job(urls, None)
+                return jobs.find_job(urls, None)
             except StoreError:
                 if time.monotonic() > deadline:
                     raise
@@ -104,7 +78,7 @@ class Worker:
     def _beat(self):
         while not self.stopping.wait(self.heartbeat_s / 4):
             try:
-                self.store.heartbeat("hb:%s" % self.id, self.heartbeat_s)
+                self.store.worker_heartbeat(self.id, self.heartbeat_s)
             except StoreError as exc:
                 self.error = exc
                 self.stopping.set()
@@ -117,7 +91,7 @@ class Worker:
                 raise self.error
             if self.stopping.is_set():
                 raise Stopped()
-            message = self.store.receive(self.replies, POLL_S)
+            message = self.store.next_reply(self.id, POLL_S)
             if message is not None:
                 if message.get("status") == "stop":
                     raise Stopped()
@@ -126,12 +100,12 @@ class Worker:
                 if accept(message):
                     return message
                 continue
-            state = self.store.get_field(self.store.key("job"), "state")
+            state = self.store.job_state()
             if state is None:
                 raise StoreError("job %s is gone from Redis (the job was removed or the server restarted)" % self.job)
-            if state == b"done":
+            if state == "done":
                 raise Stopped()
-            if self.store.alive(["master"])[0]:
+            if self.store.master_alive():
                 last_master = time.monotonic()
             elif time.monotonic() - last_master > self.master_timeout_s:
                 raise StoreError("the master of job %s has not been seen for %.0f s (restart it with --resume to "
@@ -141,18 +115,17 @@ class Worker:
 
     def _join(self):
         info = {"host": socket.gethostname(), "pid": os.getpid()}
-        self.store.send(self.inbox, dict(info, type="join", worker=self.id))
+        self.store.send_to_master(dict(info, type="join", worker=self.id))
         reply = self._await(lambda m: m.get("status") in ("slot", "reset"))
         if reply.get("status") == "reset":      # a restarted master: join again
             return self._join()
         return int(reply["slot"]), int(reply["shards"])
 
     def _build_solver(self, slot, shards):
-        from ..solver.solver import Solver
         common.set_num_threads(self.threads)
         common.set_data_shard(slot % shards, shards)
         solver = Solver(jobs.worker_solver(self.spec["solver"], slot))
-        shapes = [tuple(b.shape) for b in solver.net.learnable_params]
+        shapes = [tuple(w.shape) for w in solver.weights]
         expected = [tuple(b["shape"]) for b in self.spec["blobs"]]
         if shapes != expected:
             raise StoreError("job %s: this worker's net has learnable blobs %s but the job's are %s"
@@ -165,41 +138,36 @@ class Worker:
         """Push round `round_id`'s result, wait for the master's reply, pull W."""
         if self.stopping.is_set():
             raise Stopped()
-        self.store.put_blobs("x", result, version=round_id, owner=self.id)
-        self.store.send(self.inbox, dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch))
+        self.store.put_result(self.id, result, round_id)
+        self.store.send_to_master(dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch))
         reply = self._await(lambda m: m.get("status") == "reset" or m.get("round") == round_id)
-        return Outcome(reply["status"], self.store.get_blobs("W", self.shapes)[0], int(reply.get("iter", 0)))
+        return Outcome(reply["status"], self.store.get_weights(self.shapes)[0], int(reply.get("iter", 0)))
 
     def _compute(self, solver, start, iteration):
-        net, params = solver.net, solver.net.learnable_params
-        for blob, w in zip(params, start):
-            blob.data[...] = w
+        """One round's work from the weights `start`: (the weights at its end, the gradients or None, the loss)."""
+        for w, x in zip(solver.weights, start):
+            w[...] = x
         if self.mode.gradients:
-            net.clear_param_diffs()
-            loss = np.float32(0)
-            for _ in range(solver.param.iter_size):
-                loss += np.float32(net.forward_backward())
-            return start, [b.diff.copy() for b in params], float(loss / solver.param.iter_size)
-        solver.iter = iteration
-        solver.current_step = current_step(solver.param, iteration)
-        solver.step(self.tau)
-        return [b.data.copy() for b in params], None, float(solver.smoothed_loss)
+            gradients, loss = solver.compute_gradients()
+            return start, gradients, loss
+        loss = solver.step_from(iteration, self.tau)
+        return [w.copy() for w in solver.weights], None, loss
 
     def run(self):
         beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
-        self.store.heartbeat("hb:%s" % self.id, self.heartbeat_s)
+        self.store.worker_heartbeat(self.id, self.heartbeat_s)
         beat.start()
         exchange = ThreadPoolExecutor(1, thread_name_prefix="exchange")
         try:
             slot, shards = self._join()
             log.info("worker %s of job %s: data shard %d of %d", self.id, self.job, slot % shards, shards)
             solver = self._build_solver(slot, shards)
-            self.shapes = [tuple(b.shape) for b in solver.net.learnable_params]
-            images = images_per_iteration(solver) * (1 if self.mode.gradients else self.tau)
-            self.store.send(self.inbox, {"type": "ready", "worker": self.id})
+            self.shapes = [tuple(w.shape) for w in solver.weights]
+            images = solver.images_per_iteration * (1 if self.mode.gradients else self.tau)
+            self.store.send_to_master({"type": "ready", "worker": self.id})
             welcome = self._await(lambda m: m.get("status") in ("welcome", "reset"))
             self.epoch = int(welcome.get("epoch", 0))
-            start = Outcome("merged", self.store.get_blobs("W", self.shapes)[0], int(welcome.get("iter", 0)))
+            start = Outcome("merged", self.store.get_weights(self.shapes)[0], int(welcome.get("iter", 0)))
             self._rounds(solver, exchange, start, images)
         except Stopped:
             pass
@@ -243,13 +211,8 @@ class Worker:
 
     def _leave(self):
         try:
-            self.store.send(self.inbox, {"type": "leave", "worker": self.id})
-            self.store.call(self.store.control.delete, self.store.key("hb", self.id), self.replies)
+            self.store.send_to_master({"type": "leave", "worker": self.id})
+            self.store.leave(self.id)
         except StoreError:
             pass
-
-
-def current_step(param, iteration):
-    """multistep's step index after `iteration` updates (the solver's current_step at that point)."""
-    return sum(1 for v in param.stepvalue if iteration >= v)
 

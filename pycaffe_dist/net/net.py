@@ -253,7 +253,8 @@ class Net:
     # --- running ------------------------------------------------------------------------------------------
 
     def _vecs(self, layer_id):
-        return ([self.blob_list[i] for i in self.bottom_ids[layer_id]], [self.blob_list[i] for i in self.top_ids[layer_id]])
+        return ([self.blob_list[i] for i in self.bottom_ids[layer_id]],
+                [self.blob_list[i] for i in self.top_ids[layer_id]])
 
     def _reshape_layer(self, layer_id, layer, bottom, top):
         """Caffe's Layer::Forward reshapes first: inputs may change shape. A layer whose reshape depends on shapes

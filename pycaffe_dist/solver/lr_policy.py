@@ -31,6 +31,18 @@ def check_policy(param, source="solver"):
         raise SolverError("%s: lr_policy %s needs stepsize > 0, got %d" % (source, policy, param.stepsize))
 
 
+def steps_taken(param, iteration):
+    """multistep's current_step after `iteration` updates from the start (the Solver's, had it run them): the rule
+    of learning_rate below, replayed over the step values only (Caffe advances at most one step per update)."""
+    step, first_call = 0, 0          # first_call: the first update not yet replayed
+    while step < len(param.stepvalue):
+        at = max(first_call, param.stepvalue[step])     # the first update at which the rule advances
+        if at >= iteration:
+            break
+        step, first_call = step + 1, at + 1
+    return step
+
+
 def learning_rate(param, iteration, current_step=0, source="solver"):
     """Return (rate as float32, current_step) for the update that follows `iteration` completed updates."""
     check_policy(param, source)

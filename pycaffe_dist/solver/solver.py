@@ -34,8 +34,9 @@ from ..io import caffemodel, solverstate
 from ..io.load import read_net, read_solver
 from ..net.net import Net
 from ..proto import caffe_pb2
-from . import updates, updates_gpu
+from . import lr_policy, updates, updates_gpu
 from .lr_policy import learning_rate
+from .training_log import caffe_number, loss_note
 
 log = logging.getLogger("pycaffe_dist.solver")
 f32 = np.float32
@@ -43,11 +44,6 @@ f32 = np.float32
 # What an action function (set_action_function) may ask for, once per call: Caffe's SolverAction.
 NONE, SNAPSHOT, STOP = "none", "snapshot", "stop"
 DATA_SOURCE_TYPES = ("Data", "ImageData", "HDF5Data")
-
-def _fmt(x):
-    """A number as C++'s ostream prints a float (6 significant digits)."""
-    return "%g" % x
-
 
 class Solver:
     """Solver(param or solver prototxt path[, solver_type]). solver_type (pycaffe's SGDSolver, AdamSolver, ...)
@@ -228,20 +224,17 @@ class Solver:
                 on_start()
             display = p.display and self.iter % p.display == 0
             self.net.debug_info = bool(display and p.debug_info)   # Caffe's Step: per-layer logs when displaying
-            loss = f32(0)
-            for _ in range(p.iter_size):
-                loss += f32(self.net.forward_backward())
-            self._forwards["train"] += p.iter_size
-            loss /= f32(p.iter_size)
+            loss = self._forward_backward()
             self._update_smoothed_loss(loss, start_iter)
             if display:
                 lapse = time.perf_counter() - timer
                 per_s = (self.iter - iterations_last) / (lapse or 1)
-                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _fmt(per_s), _fmt(lapse),
-                         p.display, _fmt(self.smoothed_loss))
+                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, caffe_number(per_s),
+                         caffe_number(lapse), p.display, caffe_number(self.smoothed_loss))
                 timer, iterations_last = time.perf_counter(), self.iter
                 for index, name, value, weight in output_values(self.net):
-                    log.info("    Train net output #%d: %s = %s%s", index, name, _fmt(value), _loss_note(weight, value))
+                    log.info("    Train net output #%d: %s = %s%s", index, name, caffe_number(value),
+                             loss_note(weight, value))
             for _, on_gradients in self.callbacks:
                 on_gradients()
             self.apply_update()
@@ -253,6 +246,14 @@ class Solver:
             if request == STOP:
                 self.requested_early_exit = True
                 break
+
+    def _forward_backward(self):
+        """Caffe's iter_size forward-backward passes, their gradients summed in the diffs; the mean loss."""
+        loss = f32(0)
+        for _ in range(self.param.iter_size):
+            loss += f32(self.net.forward_backward())
+        self._forwards["train"] += self.param.iter_size
+        return loss / f32(self.param.iter_size)
 
     @property
     def history(self):
@@ -289,10 +290,11 @@ class Solver:
         if p.lr_policy == "multistep" and self.current_step != before:
             log.info("MultiStep Status: Iteration %d, step = %d", self.iter, self.current_step)
         if p.display and self.iter % p.display == 0:
-            log.info("Iteration %d, lr = %s", self.iter, _fmt(self.rate))
+            log.info("Iteration %d, lr = %s", self.iter, caffe_number(self.rate))
         if result["clip_scale"] is not None:
             log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
-                     _fmt(result["clip_norm"]), _fmt(f32(p.clip_gradients)), _fmt(result["clip_scale"]))
+                     caffe_number(result["clip_norm"]), caffe_number(f32(p.clip_gradients)),
+                     caffe_number(result["clip_scale"]))
         if gpu:
             updates_gpu.apply_steps(params)
         self.iter += 1
@@ -317,7 +319,7 @@ class Solver:
             loss = f32(self.net.forward_from_to())
             self._forwards["train"] += 1
             self._update_smoothed_loss(loss, start_iter)
-            log.info("Iteration %d, loss = %s", self.iter, _fmt(self.smoothed_loss))
+            log.info("Iteration %d, loss = %s", self.iter, caffe_number(self.smoothed_loss))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")
@@ -335,8 +337,9 @@ class Solver:
         log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
         net = self.test_nets[test_net_id]
         net.share_with(self.net)
-        scores, loss = None, f32(0)
-        for _ in range(p.test_iter[test_net_id]):
+
+        def before_batch():
+            """Caffe's Test polls the action function before each batch: snapshots now, or stops."""
             request = self._requested_action()
             while request != NONE:
                 if request == SNAPSHOT:
@@ -344,28 +347,19 @@ class Solver:
                 elif request == STOP:
                     self.requested_early_exit = True
                 request = self._requested_action()
-            if self.requested_early_exit:
-                break
-            iter_loss = f32(net.forward_from_to())
-            self._forwards["test"][test_net_id] += 1
-            if p.test_compute_loss:
-                loss += iter_loss
-            outputs = list(output_values(net))
-            values = np.array([o[2] for o in outputs], dtype=np.float32)
-            scores = values if scores is None else scores + values
-        if self.requested_early_exit:
+            if not self.requested_early_exit:
+                self._forwards["test"][test_net_id] += 1
+            return not self.requested_early_exit
+        result = score(net, p.test_iter[test_net_id], before_batch)
+        if result is None:
             log.info("Test interrupted.")
             return
-        iters = f32(p.test_iter[test_net_id])
+        loss, means = result
         if p.test_compute_loss:
-            log.info("Test loss: %s", _fmt(loss / iters))
-        self.test_scores[test_net_id] = []
-        if scores is None:
-            return
-        for (index, name, _, weight), total in zip(outputs, scores):
-            mean = f32(total / iters)
-            self.test_scores[test_net_id].append((name, float(mean)))
-            log.info("    Test net output #%d: %s = %s%s", index, name, _fmt(mean), _loss_note(weight, mean))
+            log.info("Test loss: %s", caffe_number(loss))
+        self.test_scores[test_net_id] = [(name, float(mean)) for _, name, mean, _ in means]
+        for index, name, mean, weight in means:
+            log.info("    Test net output #%d: %s = %s%s", index, name, caffe_number(mean), loss_note(weight, mean))
 
     # --- snapshots ----------------------------------------------------------------------------------------------
 
@@ -401,9 +395,9 @@ class Solver:
         solverstate.write_state(state, self.iter, model, self.current_step, self.history, hdf5)
         return model, state
 
-    def restore(self, path):
-        """Continue from a .solverstate (or .solverstate.h5): iteration, weights, current step, history, and the
-        data position of an uninterrupted run (see the module's notes)."""
+    def restore(self, path, data_position=True):
+        """Continue from a .solverstate (or .solverstate.h5): iteration, weights, current step, history, and (with
+        data_position) the data position of an uninterrupted run (see the module's notes)."""
         path = os.fsdecode(path)
         state = solverstate.read_state(path)
         self.iter = state["iter"]
@@ -417,7 +411,8 @@ class Solver:
         shapes = [b.shape for b in self.net.learnable_params] * updates.HISTORY_SETS[self.param.type]
         self.history = solverstate.check_history(path, state["history"], shapes)
         log.info("SGDSolver: restoring history")
-        self._restore_data_position()
+        if data_position:
+            self._restore_data_position()
 
     def _restore_data_position(self):
         p = self.param
@@ -431,6 +426,80 @@ class Solver:
             self._advance_data(net, "test net #%d" % i, target - self._forwards["test"][i])
             self._forwards["test"][i] = max(self._forwards["test"][i], target)
 
+    # --- what the distributed modes use -------------------------------------------------------------------------
+    # The master and the workers of pycaffe_dist/distributed/ drive a Solver through these and nothing else. Their
+    # iterations are the job's (merges): each call says at which one it runs, for the rate, the step of multistep,
+    # the log lines and the snapshot names.
+
+    @property
+    def weights(self):
+        """The learnable parameters' data, one host array per learnable blob (a shared blob once), in the net's
+        order; read and written in place."""
+        return [blob.data for blob in self.net.learnable_params]
+
+    def weight_names(self):
+        """'layer/index' of every learnable blob, in the order of `weights`."""
+        net = self.net
+        return ["%s/%d" % (net.layer_names[layer_id], index)
+                for (layer_id, index), owner in zip(net.param_layer_index, net.param_owner) if owner < 0]
+
+    @property
+    def images_per_iteration(self):
+        """Images one iteration consumes: the first top's batch size times iter_size."""
+        net = self.net
+        first = next((i for ids in net.top_ids for i in ids), None)
+        shape = net.blob_list[first].shape if first is not None else ()
+        return (shape[0] if shape else 1) * self.param.iter_size
+
+    def step_from(self, iteration, iters):
+        """Run `iters` iterations from the weights as they are, as the iterations that follow `iteration` updates;
+        returns the smoothed loss."""
+        self.iter = iteration
+        self.current_step = lr_policy.steps_taken(self.param, iteration)
+        self.step(iters)
+        return float(self.smoothed_loss)
+
+    def compute_gradients(self):
+        """The gradients of one iteration at the weights as they are (iter_size passes summed, no update): copies
+        of the learnable parameters' diffs, and the mean loss."""
+        self.net.clear_param_diffs()
+        loss = self._forward_backward()
+        return [blob.diff.copy() for blob in self.net.learnable_params], float(loss)
+
+    def apply_gradients(self, gradients, iteration):
+        """Update the weights with these gradients as the update that follows `iteration` updates: Caffe's
+        ApplyUpdate (the rate at that iteration, clipping, regularization, the rule's history)."""
+        for blob, gradient in zip(self.net.learnable_params, gradients):
+            blob.diff[...] = gradient
+        self.iter = iteration
+        self.apply_update()
+
+    def test_at(self, iteration):
+        """Test every test net as after `iteration` updates; returns each net's [(output name, mean)]."""
+        self.iter = iteration
+        self.test_all()
+        return [list(scores) for scores in self.test_scores]
+
+    def snapshot_at(self, iteration):
+        """Snapshot as after `iteration` updates; returns the model's and the state's paths."""
+        self.iter = iteration
+        return self.snapshot()
+
+    def history_sets(self):
+        """The rule's history as one list of arrays per history set (momentum; Adam's two), each in the order of
+        `weights`; the arrays themselves, read and written in place."""
+        n = len(self.net.learnable_params)
+        return [self.history[k:k + n] for k in range(0, len(self.history), n)]
+
+    def set_position(self, iteration, current_step):
+        """Where a restored job is: `iteration` updates done, multistep at `current_step`."""
+        self.iter, self.current_step = int(iteration), int(current_step)
+
+    @property
+    def position(self):
+        """(iterations done, multistep's current step): what a job's state keeps."""
+        return self.iter, self.current_step
+
     @staticmethod
     def _advance_data(net, which, batches):
         if batches <= 0:
@@ -443,12 +512,25 @@ class Solver:
                     net.forward_from_to(layer_id, layer_id)
 
 
-def images_per_iteration(solver):
-    """Images one iteration consumes: the first top's batch size times iter_size."""
-    net = solver.net
-    first = next((i for ids in net.top_ids for i in ids), None)
-    shape = net.blob_list[first].shape if first is not None else ()
-    return (shape[0] if shape else 1) * solver.param.iter_size
+def score(net, iterations, before_batch=None, after_batch=None):
+    """Caffe's scoring of a net (Solver::Test, and `caffe test`): `iterations` forward passes, each output summed
+    over them in float32 and divided by the count. before_batch() returning False stops it (then None is
+    returned); after_batch(i, outputs) sees each batch's outputs. Returns (mean loss, [(index, name, mean, loss
+    weight)] in output_values' order)."""
+    loss, sums, outputs = f32(0), None, []
+    for i in range(iterations):
+        if before_batch is not None and not before_batch():
+            return None
+        loss += f32(net.forward_from_to())
+        outputs = list(output_values(net))
+        if after_batch is not None:
+            after_batch(i, outputs)
+        values = np.array([value for _, _, value, _ in outputs], dtype=np.float32)
+        sums = values if sums is None else sums + values
+    count = f32(iterations)
+    means = [(index, name, f32(total / count), weight)
+             for (index, name, _, weight), total in zip(outputs, sums if sums is not None else [])]
+    return loss / count, means
 
 
 def output_values(net):
@@ -464,7 +546,3 @@ def output_values(net):
         for value in net.blob_list[i].data.reshape(-1):
             yield index, net.blob_names[i], f32(value), weights.get(i, f32(0))
             index += 1
-
-
-def _loss_note(weight, value):
-    return " (* %s = %s loss)" % (_fmt(weight), _fmt(f32(weight * value))) if weight else ""

@@ -14,6 +14,19 @@ import sys
 import threading
 import time
 
+import numpy as np
+
+
+def caffe_number(x):
+    """A number as Caffe's log lines print it: C++'s ostream on a float (6 significant digits)."""
+    return "%g" % x
+
+
+def loss_note(weight, value):
+    """What Caffe's log adds to an output with a loss weight: " (* weight = weighted loss)"."""
+    return " (* %s = %s loss)" % (caffe_number(weight), caffe_number(np.float32(weight * value))) if weight else ""
+
+
 _LEVELS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "F"}
 
 

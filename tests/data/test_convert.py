@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from pycaffe_dist.data import convert, idx
-from pycaffe_dist.data.commands import add_verbs
+from pycaffe_dist.cli.data import add_verbs
 from pycaffe_dist.data.sources import open_records, open_writer, parse_datum
 from pycaffe_dist.errors import DataError
 from pycaffe_dist.blob.binaryproto import read_blob_file

@@ -12,7 +12,7 @@ from google.protobuf import text_format
 
 from pycaffe_dist.data.sources import open_writer
 from pycaffe_dist.distributed.launch import LocalRedis
-from pycaffe_dist.distributed.store import PASSWORD_ENV, Store
+from pycaffe_dist.distributed.store import PASSWORD_ENV, Store, connect
 from pycaffe_dist.proto import caffe_pb2
 
 CLASSES, SIDE = 4, 4
@@ -108,6 +108,17 @@ def store_for(redis_server, monkeypatch):
     return lambda job: Store(redis_server.url, job)
 
 
+@pytest.fixture
+def redis_client(redis_server, monkeypatch):
+    """A client of the server itself, for tests that look at what the store wrote there."""
+    monkeypatch.setenv(PASSWORD_ENV, redis_server.password)
+    return connect(redis_server.url)
+
+
+def keys_of(client, job):
+    return sorted(client.scan_iter(match="pcd:%s:*" % job))
+
+
 class Processes:
     """Masters and workers as real processes, their output in files; everything still running is killed at the
     end of the test."""
@@ -163,8 +174,8 @@ def wait_for_merges(store, count, timeout=60):
     """Block until the job's master has published at least `count` merges."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        raw = store.get_field(store.key("stats"), "progress")
-        if raw and json.loads(raw)["count"] >= count:
+        progress = store.progress()
+        if progress and progress["count"] >= count:
             return
         time.sleep(0.05)
     pytest.fail("the job did not reach %d merges within %d s" % (count, timeout))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from .conftest import accuracies, wait_for_merges
+from .conftest import accuracies, keys_of, wait_for_merges
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -20,7 +20,7 @@ def test_master_killed_and_resumed_continues_from_redis(procs, make_solver, stor
     wait_for_merges(store, 200)
     master.send_signal(signal.SIGKILL)
     master.wait()
-    saved = int(store.control.hget(store.key("state"), "count"))
+    saved = store.master_state()["count"]
     assert saved >= 200
     procs.start("master2", "master", "--redis", procs.url, "--job", job, "--resume", "--stats",
                 procs.tmp / "master2.json")
@@ -45,7 +45,7 @@ def test_a_worker_can_join_a_running_job(procs, make_solver, store_for):
     assert set(procs.stats()["workers"]) == {"0", "1"}
 
 
-def test_two_jobs_on_one_redis_do_not_disturb_each_other(procs, make_solver, store_for):
+def test_two_jobs_on_one_redis_do_not_disturb_each_other(procs, make_solver, redis_client):
     for job, mode in (("one", "async"), ("two", "sync")):
         procs.master(job, make_solver(max_iter=300), mode, 2, name="master-" + job)
         procs.start("w0-" + job, "worker", "--redis", procs.url, "--job", job)
@@ -54,7 +54,7 @@ def test_two_jobs_on_one_redis_do_not_disturb_each_other(procs, make_solver, sto
         procs.check("master-" + job)
         stats = procs.stats("master-" + job)
         assert stats["count"] == 300 and accuracies(stats)[-1] > 0.8
-        assert not list(store_for(job).control.scan_iter(match="pcd:%s:*" % job))
+        assert keys_of(redis_client, job) == []
 
 
 def _cli(*args, env=None):

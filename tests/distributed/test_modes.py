@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from .conftest import accuracies, wait_for_merges
+from .conftest import accuracies, keys_of, wait_for_merges
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -12,12 +12,8 @@ MODES = [("sync", []), ("async", []), ("partial-sync", ["--max-advance", 1]), ("
          ("easgd", ["--moving-rate", 0.3, "--tau", 2]), ("gradient-only", [])]
 
 
-def _no_keys_left(store):
-    return not list(store.control.scan_iter(match=store.key("*")))
-
-
 @pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])
-def test_mode_trains_with_two_workers(mode, options, procs, make_solver, store_for):
+def test_mode_trains_with_two_workers(mode, options, procs, make_solver, redis_client):
     job = "train-" + mode
     procs.master(job, make_solver(max_iter=150 if mode == "sync" else 300), mode, 2, *options)
     procs.worker(job, 0)
@@ -30,7 +26,7 @@ def test_mode_trains_with_two_workers(mode, options, procs, make_solver, store_f
     assert first < 0.45 and last > 0.8, (first, last)
     assert stats["count"] == (150 if mode == "sync" else 300)
     assert set(stats["workers"]) == {"0", "1"}
-    assert _no_keys_left(store_for(job))
+    assert keys_of(redis_client, job) == []
 
 
 @pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])

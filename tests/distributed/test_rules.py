@@ -3,7 +3,7 @@ round starts. The master here is a recorder of what the rule asks for (the store
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.modes import MODES, base, easgd, gradient_only
+from pycaffe_dist.distributed.modes import MODES, base, easgd, gradient_only, resolve_options
 
 
 class Recorder:
@@ -40,7 +40,7 @@ class Recorder:
 
 def _rule(mode, **options):
     master = Recorder()
-    return master, MODES[mode].Master(master, options)
+    return master, MODES[mode].Master(master, resolve_options(mode, options))
 
 
 def _deliver(master, rule, worker, value):

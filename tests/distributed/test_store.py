@@ -1,11 +1,15 @@
 """The parameter store against a real redis-server: blob round trips, bounded and checked reads, sharding over
-two servers, messages, and a job's keys."""
+two servers, messages, heartbeats, members and a job's keys."""
+import time
+
 import numpy as np
 import pytest
 
 from pycaffe_dist.distributed.launch import LocalRedis
-from pycaffe_dist.distributed.store import HEADER, Store, connect
+from pycaffe_dist.distributed.store import HEADER, Store, connect, job_ids
 from pycaffe_dist.errors import StoreError
+
+from .conftest import keys_of
 
 pytestmark = pytest.mark.redis
 SHAPES = [(20, 1, 5, 5), (20,), (500, 800), (3,)]
@@ -16,32 +20,36 @@ def _arrays(seed):
     return [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
 
 
-def test_blobs_round_trip_bit_exact_with_their_version(store_for):
+def test_blobs_round_trip_bit_exact_with_their_version(store_for, redis_client):
     store = store_for("rt")
     arrays = _arrays(0)
-    store.put_blobs("W", arrays, version=7)
-    got, version = store.get_blobs("W", SHAPES)
+    store.put_weights(arrays, count=7, current_step=2)
+    got, version = store.get_weights(SHAPES)
     assert version == 7 and all(np.array_equal(a, b) for a, b in zip(arrays, got))
-    raw = store.control.get(store.key("W", 2))
+    assert store.master_state() == {"count": 7, "current_step": 2}       # written with W
+    raw = redis_client.get("pcd:rt:W:2")
     assert len(raw) == HEADER + 4 * 500 * 800            # raw little-endian float32 behind a uint64 version
     assert np.array_equal(np.frombuffer(raw, "<f4", offset=HEADER).reshape(500, 800), arrays[2])
-    store.put_blobs("x", _arrays(1), version=3, owner="5")
-    got, _ = store.get_blobs("x", SHAPES, owner="5")
-    assert np.array_equal(got[0], _arrays(1)[0])
+    store.put_result("5", _arrays(1), round_id=3)
+    assert np.array_equal(store.get_result("5", SHAPES)[0], _arrays(1)[0])
+    assert redis_client.exists("pcd:rt:x:5:0")
+    assert store.get_history(1, SHAPES) is None
+    store.put_history(1, _arrays(2), count=7)
+    assert np.array_equal(store.get_history(1, SHAPES)[3], _arrays(2)[3])
     store.remove_job()
+    assert keys_of(redis_client, "rt") == []
 
 
-def test_reads_are_checked_against_the_expected_shapes(store_for):
+def test_reads_are_checked_against_the_expected_shapes(store_for, redis_client):
     store = store_for("shapes")
-    store.put_blobs("W", _arrays(0))
+    store.put_weights(_arrays(0), 0, 0)
     with pytest.raises(StoreError, match=r"pcd:shapes:W:2 holds 1600008 bytes but blob 2 of shape 500x801 needs "
                                          r"1602008"):
-        store.get_blobs("W", SHAPES[:2] + [(500, 801)] + SHAPES[3:])
-    with pytest.raises(StoreError, match="pcd:shapes:d:0 is missing from Redis"):
-        store.get_blobs("d", SHAPES)
-    assert store.get_blobs("d", SHAPES, missing_ok=True) == (None, None)
+        store.get_weights(SHAPES[:2] + [(500, 801)] + SHAPES[3:])
+    with pytest.raises(StoreError, match="pcd:shapes:x:1:0 is missing from Redis"):
+        store.get_result("1", SHAPES)
     store.remove_job()
-    assert not list(store.control.scan_iter(match="pcd:shapes:*"))
+    assert keys_of(redis_client, "shapes") == []
 
 
 def test_blobs_shard_over_two_servers(redis_server, monkeypatch):
@@ -52,51 +60,75 @@ def test_blobs_shard_over_two_servers(redis_server, monkeypatch):
         # Each server has its own password: give them in the URLs.
         urls = [redis_server.url.replace("//", "//:%s@" % redis_server.password),
                 second.url.replace("//", "//:%s@" % second.password)]
+        second_client = connect(urls[1])
         store = Store(urls, "sharded")
         arrays = _arrays(2)
-        store.put_blobs("W", arrays, version=4)
-        got, version = store.get_blobs("W", SHAPES)
+        store.put_weights(arrays, 4, 0)
+        got, version = store.get_weights(SHAPES)
         assert version == 4 and all(np.array_equal(a, b) for a, b in zip(arrays, got))
         assert first_client.exists("pcd:sharded:W:0", "pcd:sharded:W:2") == 2
         assert first_client.exists("pcd:sharded:W:1", "pcd:sharded:W:3") == 0
-        assert store.clients[1].exists("pcd:sharded:W:1", "pcd:sharded:W:3") == 2
+        assert second_client.exists("pcd:sharded:W:1", "pcd:sharded:W:3") == 2
+        assert not second_client.exists("pcd:sharded:state")      # every key but the blobs: on the first
         store.remove_job()
-        assert not list(store.clients[1].scan_iter(match="pcd:sharded:*"))
+        assert keys_of(second_client, "sharded") == []
     finally:
         second.stop()
 
 
-def test_messages_are_json_objects_of_bounded_size(store_for):
+def test_messages_are_json_objects_of_bounded_size(store_for, redis_client):
     store = store_for("msg")
-    queue = store.key("inbox")
-    store.send(queue, {"type": "join", "worker": "3"})
-    assert store.receive(queue, 0) == {"type": "join", "worker": "3"}
-    assert store.receive(queue, 0) is None
-    store.control.lpush(queue, b"\x80\x04pickle")
+    store.send_to_master({"type": "join", "worker": "3"})
+    assert store.next_message(0) == {"type": "join", "worker": "3"}
+    assert store.next_message(0) is None
+    store.reply_to("3", {"status": "welcome"})
+    assert store.next_reply("3", 0) == {"status": "welcome"} and store.next_reply("3", 0) is None
+    redis_client.lpush("pcd:msg:inbox", b"\x80\x04pickle")
     with pytest.raises(StoreError, match="a message on pcd:msg:inbox is not JSON"):
-        store.receive(queue, 0)
-    store.control.lpush(queue, b"[1, 2]")
+        store.next_message(0)
+    redis_client.lpush("pcd:msg:inbox", b"[1, 2]")
     with pytest.raises(StoreError, match="is not a JSON object"):
-        store.receive(queue, 0)
-    store.control.lpush(queue, b" " * (2 << 20))
+        store.next_message(0)
+    redis_client.lpush("pcd:msg:inbox", b" " * (2 << 20))
     with pytest.raises(StoreError, match="a message of 2097152 bytes"):
-        store.receive(queue, 0)
+        store.next_message(0)
+    store.send_to_master({"type": "leave"})
+    store.clear_inbox()
+    assert store.next_message(0) is None
     store.remove_job()
 
 
 def test_heartbeats_expire(store_for):
-    import time
     store = store_for("hb")
-    store.heartbeat("hb:1", 0.2)
-    assert store.alive(["hb:1", "hb:2"]) == [True, False]
+    store.worker_heartbeat("1", 0.2)
+    store.master_heartbeat(0.2)
+    assert store.workers_alive(["1", "2"]) == [True, False] and store.master_alive()
     time.sleep(0.3)
-    assert store.alive(["hb:1"]) == [False]
+    assert store.workers_alive(["1"]) == [False] and not store.master_alive()
+    store.worker_heartbeat("1", 5)
+    store.reply_to("1", {"status": "stop"})
+    store.leave("1")
+    assert store.workers_alive(["1"]) == [False] and store.next_reply("1", 0) is None
 
 
-def test_job_ids_lists_published_jobs(store_for):
+def test_the_job_its_members_and_worker_ids(store_for, redis_server, monkeypatch):
     a, b = store_for("alpha"), store_for("beta")
-    a.control.hset(a.key("job"), "spec", "{}")
-    b.control.hset(b.key("job"), "spec", "{}")
-    assert {"alpha", "beta"} <= set(Store.job_ids(a.control))
+    assert a.job_spec() is None and a.job_state() is None
+    assert a.publish_job({"mode": "sync"}) == 1 and a.publish_job({"mode": "async"}) == 2     # epochs
+    assert a.job_spec() == {"mode": "async"} and a.job_state() == "running"
+    a.finish_job()
+    assert a.job_state() == "done"
+    b.publish_job({})
+    monkeypatch.setenv("PCD_REDIS_PASSWORD", redis_server.password)
+    assert {"alpha", "beta"} <= set(job_ids(redis_server.url))
+    a.add_member("0", {"host": "h", "pid": 1, "slot": 0})
+    assert a.members() == {"0": {"host": "h", "pid": 1, "slot": 0}}
+    assert [a.claim_worker_id(), a.claim_worker_id(), a.claim_worker_id(7)] == ["0", "1", "7"]
+    assert a.claim_worker_id() == "2"
+    with pytest.raises(StoreError, match="job alpha already has a worker 7"):
+        a.claim_worker_id(7)
+    a.put_progress({"count": 3})
+    assert a.progress() == {"count": 3}
     a.remove_job()
     b.remove_job()
+    assert a.job_spec() is None

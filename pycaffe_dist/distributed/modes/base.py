@@ -1,15 +1,64 @@
-"""What every mode shares: the worker side of the modes that push deltas, and the master side's bookkeeping.
+"""What every mode shares: how options are declared, the worker side of the modes that push deltas, and the master
+side's interface.
 
 A worker's round: start from weights x, run tau local solver steps (or, in gradient-only, one forward-backward),
 push a result R, get a reply and pull W. With `depth` 1 the worker overlaps the exchange of round r with the
 computation of round r+1, so the reply and W it knows when round r ends are those of round r-1 (worker.py).
-Each mode says:
+Each mode module says:
 
-  worker side:  result(x_start, x_end, gradients, centre, options) -> R, where centre is the last W pulled;
+  OPTIONS:      the options it takes (Option, below): the command line's flags and the job spec's values come
+                from these declarations, and nowhere else
+  Worker:       result(x_start, x_end, gradients, centre, options) -> R, where centre is the last W pulled;
                 next_start(status, pulled, x_end, result, in_flight) -> the weights of the next round, from the
-                last reply's status and W, this round's end and result, and whether that result is in flight
-  master side:  a Rule with start(workers), on_join(w), on_result(w, message), on_lost(w)
+                last reply's status and W, this round's end and result, and whether that result is in flight;
+                `gradients`: whether a round is one gradient (no local steps)
+  Master:       a Rule (below) with start(workers), on_join(w), on_result(w, message), on_lost(w), over the
+                master's MasterView
 """
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+
+@dataclass(frozen=True)
+class Option:
+    """A mode option, declared once. `name` is its key in the job spec; the flag is --name-with-dashes (a bool
+    option has --name and --no-name). `check(value)` returns what is wrong with a value, or None."""
+    name: str
+    type: type
+    default: Any
+    help: str
+    check: Optional[Callable[[Any], Optional[str]]] = None
+
+    @property
+    def flag(self):
+        return "--" + self.name.replace("_", "-")
+
+
+def at_least(low):
+    return lambda value: None if value >= low else "must be at least %s, got %s" % (low, value)
+
+
+# The options of more than one mode.
+TAU = Option("tau", int, 1, "local solver steps per round", at_least(1))
+OVERLAP = Option("overlap", bool, None, "workers compute their next round while the last result travels (--overlap, "
+                 "the default but in gradient-only) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
+
+
+class MasterView(Protocol):
+    """What a Rule may ask of the master (master.py): the only way a mode touches W and the workers."""
+    log: Any
+
+    def read_result(self, worker): ...                   # the worker's last result, as arrays shaped like W
+
+    def add_to_weights(self, arrays, scale): ...         # W += scale * arrays
+
+    def apply_gradients(self, gradients): ...            # the solver's update rule on W, at the merge count
+
+    def merged(self, messages): ...                      # one merge done (messages: the results it merged)
+
+    def dropped(self, message): ...                      # a result thrown away
+
+    def reply(self, worker, status): ...                 # queue a reply: welcome, merged, dropped
 
 
 class DeltaWorker:
@@ -30,11 +79,11 @@ class DeltaWorker:
 
 
 class Rule:
-    """The master side of a mode. `master` provides: members (ids of live, ready workers), read_result(w),
-    add_to_weights(arrays, scale), merged(messages) (counts one merge), reply(w, status), log."""
+    """The master side of a mode, over a MasterView. `options`: the mode's options, every one of them present
+    (modes.resolve_options fills in the defaults)."""
     depth = 1
 
-    def __init__(self, master, options):
+    def __init__(self, master: MasterView, options):
         self.master, self.options = master, options
         if options.get("overlap") is not None:      # --overlap / --no-overlap over the mode's default
             self.depth = 1 if options["overlap"] else 0

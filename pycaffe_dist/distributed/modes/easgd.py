@@ -2,7 +2,11 @@
 local steps a worker computes the elastic difference d = a (x - W) against the centre W it last pulled, moves
 itself to x - d and pushes d; the master moves the centre, W += d. With the exchange overlapped (depth 1) the
 centre a worker uses is one round older."""
-from .base import Rule
+from .base import OVERLAP, TAU, Option, Rule
+
+MOVING_RATE = Option("moving_rate", float, 0.5, "the elastic moving rate alpha",
+                     lambda value: None if 0 < value <= 1 else "must be in (0, 1], got %s" % value)
+OPTIONS = (TAU, MOVING_RATE, OVERLAP)
 
 
 class Worker:
@@ -10,7 +14,7 @@ class Worker:
 
     @staticmethod
     def result(x_start, x_end, gradients, centre, options):
-        rate = options.get("moving_rate", 0.5)
+        rate = options["moving_rate"]
         return [rate * (x - w) for x, w in zip(x_end, centre)]
 
     @staticmethod

@@ -3,8 +3,10 @@ iter_size) at the weights they pulled; the master applies the solver's own updat
 functions as the local Solver: learning rate at the merge count, clipping, normalization, weight decay,
 momentum or Adam's moments, held on the master). Workers wait for each reply (depth 0): computing the next
 gradient meanwhile would make every gradient one more update stale, which with momentum diverges (LeNet's
-lr 0.01, momentum 0.9 does within 100 merges); `--overlap` allows it anyway."""
-from .base import Rule
+lr 0.01, momentum 0.9 does within 100 merges); `--overlap` allows it anyway. No --tau: a round is one gradient."""
+from .base import OVERLAP, Rule
+
+OPTIONS = (OVERLAP,)
 
 
 class Worker:

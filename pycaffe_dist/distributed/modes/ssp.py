@@ -3,14 +3,18 @@ worker may start round k only while k - (rounds completed by the slowest live wo
 is too far ahead waits, and only until the slowest catches up; SpeeDO instead stopped everybody at a global
 barrier whenever the spread reached s. The reply to round r allows round r + 1 + depth (depth 1 overlaps an
 exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on)."""
-from .base import DeltaWorker as Worker, Rule  # noqa: F401  (the worker side of this mode)
+from .base import OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
+
+MAX_ADVANCE = Option("max_advance", int, 1, "rounds a worker may run ahead of the slowest", at_least(0))
+OPTIONS = (TAU, MAX_ADVANCE, OVERLAP)
+Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):
     def __init__(self, master, options):
         super().__init__(master, options)
-        self.max_advance = int(options.get("max_advance", 1))
-        self.depth = 1 if self.max_advance >= 1 and options.get("overlap") is not False else 0
+        self.max_advance = options["max_advance"]
+        self.depth = 1 if self.max_advance >= 1 and options["overlap"] is not False else 0
         self.completed, self.held = {}, []
 
     def start(self, workers):

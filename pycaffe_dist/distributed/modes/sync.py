@@ -6,7 +6,10 @@ W of round r-1 plus its own delta of round r while the barrier of round r closes
 barrier's mean, and the workers are at most one round behind it; `--no-overlap` waits at every barrier."""
 import numpy as np
 
-from .base import DeltaWorker as Worker, Rule  # noqa: F401  (the worker side of this mode)
+from .base import OVERLAP, TAU, DeltaWorker, Rule
+
+OPTIONS = (TAU, OVERLAP)
+Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):

@@ -3,13 +3,19 @@ the last N completions, N = max(n, live workers); otherwise it is dropped and th
 A straggler's stale work is thrown away instead of pulling W back."""
 from collections import deque
 
-from .base import DeltaWorker as Worker, Rule  # noqa: F401  (the worker side of this mode)
+from .base import OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
+
+# No default yet: weed-out needs --weedout N.
+WEEDOUT = Option("weedout", int, 0, "merge a result only if its worker is among the last N to report",
+                 at_least(1))
+OPTIONS = (TAU, WEEDOUT, OVERLAP)
+Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):
     def __init__(self, master, options):
         super().__init__(master, options)
-        self.n = int(options.get("weedout", 0))
+        self.n = options["weedout"]
         self.recent = deque()
         self.live = set()
 

@@ -1,7 +1,7 @@
-"""The data verbs of `dist_caffe` (Caffe's convert_mnist_data, convert_imageset, compute_image_mean, and a
-db-to-db copy). cli.py registers them with `add_verbs(verbs)`; each handler returns 0 and raises DataError on bad
-input, which the CLI prints as one line."""
-from . import convert
+"""The data verbs of `dist_caffe`: Caffe's convert_mnist_data, convert_imageset, compute_image_mean, and a
+db-to-db copy (the work is data/convert.py's). Each handler returns 0 and raises DataError on bad input, which the
+CLI prints as one line."""
+from ..data import convert
 
 BACKENDS = ("lmdb", "leveldb", "datumfile")
 

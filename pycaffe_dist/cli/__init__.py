@@ -1,0 +1,47 @@
+"""`dist_caffe`: the command line, one module per group of verbs: training.py (train, test, time, plot: Caffe's
+`caffe` tool), distributed.py (train --workers, master, worker, status), tools.py (net-info, upgrade,
+device-query), data.py (convert-idx, convert-imageset, convert-db, compute-mean). Every verb's errors reach the
+user as one line and a non-zero exit code."""
+import argparse
+import logging
+import sys
+
+from ..errors import PycaffeDistError
+from . import arguments, data, distributed, tools, training
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="dist_caffe", description="Caffe-compatible training, on one machine or "
+                                     "many (a Redis parameter server).")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and notices at INFO level")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    for group in (training, distributed, tools, data):
+        group.add_verbs(verbs)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="dist_caffe: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except PycaffeDistError as exc:
+        print("dist_caffe: error: %s" % exc, file=sys.stderr)
+        return arguments.EXIT_ERROR
+    except KeyboardInterrupt:
+        print("dist_caffe: interrupted", file=sys.stderr)
+        return arguments.EXIT_INTERRUPTED
+    except Exception as exc:   # a bug of ours: still one line, unless --debug asks for the traceback
+        if args.debug:
+            raise
+        print("dist_caffe: internal error: %s: %s (rerun with --debug for the traceback)"
+              % (type(exc).__name__, exc), file=sys.stderr)
+        return arguments.EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

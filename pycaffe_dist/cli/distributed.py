@@ -1,0 +1,185 @@
+"""The verbs of distributed training: `train --workers N` on one machine (a private redis-server, a master and N
+workers, distributed/launch.py), and `master`, `worker`, `status` for many machines. The mode options' flags are
+built from the modes' own declarations (distributed/modes: Option), so an option is declared once."""
+import logging
+import sys
+
+from ..backend import select
+from ..distributed import modes
+from ..errors import PycaffeDistError
+from . import arguments
+
+
+def add_mode_flags(parser):
+    """One flag per mode option (a bool one as --x / --no-x); their defaults are the mode's, so argparse's is None."""
+    for option in modes.all_options():
+        used_by = ", ".join(modes.modes_using(option))
+        if option.type is bool:
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(option.flag, dest=option.name, action="store_true", default=None,
+                               help="%s (modes: %s)" % (option.help, used_by))
+            group.add_argument("--no-" + option.flag[2:], dest=option.name, action="store_false",
+                               help="the opposite of %s" % option.flag)
+        else:
+            default = "" if option.default in (None, 0) else "; default %s" % option.default
+            parser.add_argument(option.flag, dest=option.name, type=option.type, default=None,
+                                help="%s (modes: %s%s)" % (option.help, used_by, default))
+    parser.add_argument("--heartbeat", type=float, default=5.0, help="seconds without a heartbeat after which a "
+                        "worker counts as gone (default 5)")
+
+
+def mode_options_given(args):
+    """(Option, value given or None) for every mode option."""
+    return [(option, getattr(args, option.name, None)) for option in modes.all_options()]
+
+
+def mode_options(args):
+    """The mode options given on the command line, by name (the master fills in the mode's defaults)."""
+    return {option.name: value for option, value in mode_options_given(args) if value is not None}
+
+
+def add_train_flags(parser):
+    """What `train` takes to train on workers."""
+    parser.add_argument("--workers", type=int, help="train on N worker processes that meet at a Redis parameter "
+                        "store (a private redis-server unless --redis is given)")
+    parser.add_argument("--mode", choices=list(modes.MODES), help="distributed mode (default async)")
+    parser.add_argument("--redis", help="Redis URL(s) to use instead of a private server (comma-separated: blobs "
+                        "are sharded over them)")
+    parser.add_argument("--job", help="distributed job id (default: generated)")
+    parser.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
+    parser.add_argument("--stats", help="distributed: write the master's summary (rates, tests) to this JSON file")
+    add_mode_flags(parser)
+
+
+def cmd_train_distributed(args):
+    """`train --workers N`: a private redis-server (or --redis), the master and N workers on this machine."""
+    from ..distributed import launch
+    from ..distributed.master import Settings
+    from ..solver import training_log
+    if args.snapshot and args.weights:
+        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
+    if args.workers < 1:
+        raise PycaffeDistError("--workers must be at least 1, got %d" % args.workers)
+    settings = Settings(solver=args.solver, workers=args.workers, mode=args.mode or "async",
+                        options=mode_options(args), job=args.job, snapshot=args.snapshot, weights=args.weights,
+                        heartbeat_s=args.heartbeat, keep=args.keep, max_iter=args.iterations,
+                        stats_path=args.stats, log=args.log)
+    if args.redis is not None:
+        settings.redis = args.redis
+    handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
+    sink = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    progress = training_log.DistributedProgress(handler) if handler is not None else None
+    try:
+        code = launch.run_local(settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
+                                gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None)
+    finally:
+        if handler is not None:
+            handler.finish()
+    if code == arguments.EXIT_INTERRUPTED:
+        print("dist_caffe: interrupted: stopped the master and the workers", file=sys.stderr)
+    elif code:
+        raise PycaffeDistError("the master exited with status %d (see its log lines above)" % code)
+    return code
+
+
+def cmd_master(args):
+    """The master of a distributed job: publishes it on Redis, merges the workers' results, tests, snapshots."""
+    from ..distributed.master import Master, Settings
+    from ..distributed.store import describe
+    from ..solver import training_log
+    if args.settings is not None:
+        if args.solver or args.resume:
+            raise PycaffeDistError("--settings gives every setting of the master: no --solver or --resume with it")
+        text = sys.stdin.read() if args.settings == "-" else _read_text(args.settings)
+        settings = Settings.from_json(text, "master settings %s" % ("on stdin" if args.settings == "-"
+                                                                    else args.settings))
+    else:
+        if not args.resume and not args.solver:
+            raise PycaffeDistError("master needs --solver (or --resume with --job)")
+        settings = Settings(redis=args.redis, solver=args.solver, workers=args.workers, mode=args.mode,
+                            options=mode_options(args), job=args.job, resume=args.resume, snapshot=args.snapshot,
+                            weights=args.weights, threads=args.threads or 1, heartbeat_s=args.heartbeat,
+                            join_timeout_s=args.join_timeout, keep=args.keep, max_iter=args.iterations,
+                            stats_path=args.stats, retry_s=args.redis_retry, log=args.log)
+    training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
+    master = Master(settings)
+    print("job %s on %s" % (master.job, describe(master.store.urls[0])), file=sys.stderr, flush=True)
+    master.run()
+    return 0
+
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        raise PycaffeDistError("%s: cannot read: %s" % (path, exc.strerror)) from None
+
+
+def cmd_worker(args):
+    """A worker of a distributed job: everything it needs comes from Redis, but the data paths."""
+    from ..distributed.worker import Worker
+    from ..solver import training_log
+    training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
+    logging.getLogger("pycaffe_dist.solver").setLevel(logging.WARNING)
+    if select.choose(args.gpu) is not None:
+        print("computing on GPU %s: %s" % (args.gpu, select.current().name), file=sys.stderr, flush=True)
+    worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
+                    wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry)
+    stats = worker.run()
+    print("worker %s: %d rounds, %d images" % (worker.id, stats["rounds"], stats["images"]), file=sys.stderr)
+    return 0
+
+
+def cmd_status(args):
+    """A distributed job's members, rates, global iteration, last test and snapshots, read from Redis."""
+    from ..distributed.status import show
+    print(show(args.redis, args.job, as_json=args.json, remove=args.remove))
+    return 0
+
+
+def add_verbs(verbs):
+    p = verbs.add_parser("master", help="the master of a distributed job on Redis")
+    p.add_argument("--solver", help="solver prototxt")
+    p.add_argument("--workers", type=int, default=1, help="workers to wait for before starting (default 1)")
+    p.add_argument("--mode", choices=list(modes.MODES), default="async", help="distributed mode (default async)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), comma-separated to shard")
+    p.add_argument("--job", help="job id (default: generated from the solver's name)")
+    p.add_argument("--resume", action="store_true", help="continue the job --job from its state on Redis")
+    p.add_argument("--snapshot", help=".solverstate to start from (weights, merge count, history)")
+    p.add_argument("--weights", help=".caffemodel to start the weights from")
+    p.add_argument("--iterations", type=int, help="merges to run (overrides the solver's max_iter)")
+    p.add_argument("--threads", type=int, help="CPU threads of the master (tests; default 1)")
+    p.add_argument("--join-timeout", type=float, default=300.0, help="seconds to wait for the workers before "
+                   "starting with those there (default 300)")
+    p.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
+    p.add_argument("--stats", help="write a summary (rates, tests) to this JSON file")
+    p.add_argument("--log", help="also write the log lines to this file")
+    p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
+                   "giving up (default 30)")
+    p.add_argument("--settings", help="read every setting from this JSON file ('-': standard input) instead of the "
+                   "flags, as the one-machine launcher hands them over (master.Settings)")
+    add_mode_flags(p)
+    p.set_defaults(func=cmd_master)
+
+    p = verbs.add_parser("worker", help="a worker of a distributed job on Redis")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), as the master's")
+    p.add_argument("--job", help="job id (default: the only job on the server)")
+    p.add_argument("--threads", type=int, help="CPU threads (default 1)")
+    p.add_argument("--master-timeout", type=float, default=120.0, help="seconds without the master before giving "
+                   "up (default 120)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
+                   "(default 60)")
+    p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
+    p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
+    p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
+                   "giving up (default 30)")
+    p.set_defaults(func=cmd_worker)
+
+    p = verbs.add_parser("status", help="a distributed job's workers, rates, iteration, last test and snapshots")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s)")
+    p.add_argument("--job", help="the job (default: every job on the server)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--remove", action="store_true", help="then delete the job's keys (after a job that did not end "
+                   "cleanly)")
+    p.set_defaults(func=cmd_status)

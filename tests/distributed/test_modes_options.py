@@ -1,0 +1,49 @@
+"""The mode options: declared once in the mode modules, checked and defaulted by resolve_options, and the command
+line's flags built from the declarations."""
+import pytest
+
+from pycaffe_dist.cli import build_parser
+from pycaffe_dist.cli.distributed import mode_options
+from pycaffe_dist.distributed.modes import MODES, all_options, resolve_options
+from pycaffe_dist.errors import PycaffeDistError
+
+
+def test_defaults_come_from_the_declarations():
+    assert resolve_options("async", {}) == {"tau": 1, "factor": 1.0, "overlap": None}
+    assert resolve_options("easgd", {"tau": 3}) == {"tau": 3, "moving_rate": 0.5, "overlap": None}
+    assert resolve_options("gradient-only", {}) == {"overlap": None}
+    for mode, module in MODES.items():
+        assert set(resolve_options(mode, {"weedout": 2} if mode == "weed-out" else {})) == \
+            {o.name for o in module.OPTIONS}
+
+
+@pytest.mark.parametrize("mode, given, message", [
+    ("async", {"tau": 0}, "--tau must be at least 1, got 0"),
+    ("async", {"factor": -1}, "--factor must be positive, got -1"),
+    ("easgd", {"moving_rate": 1.5}, r"--moving-rate must be in \(0, 1\], got 1.5"),
+    ("partial-sync", {"max_advance": -1}, "--max-advance must be at least 0"),
+    ("weed-out", {}, "--weedout must be at least 1, got 0"),
+    ("sync", {"factor": 4}, "--factor is not an option of mode sync .* sync takes --tau, --overlap"),
+    ("gradient-only", {"tau": 3}, "--tau is not an option of mode gradient-only"),
+    ("chaos", {}, "unknown mode 'chaos'"),
+])
+def test_bad_options_are_refused_with_the_flag_named(mode, given, message):
+    with pytest.raises(PycaffeDistError, match=message):
+        resolve_options(mode, given)
+
+
+def test_an_other_modes_option_at_its_default_is_accepted():
+    """The Ansible role passes --tau 1 whatever the mode."""
+    assert resolve_options("gradient-only", {"tau": 1}) == {"overlap": None}
+
+
+@pytest.mark.parametrize("verb", [["train", "--solver", "s"], ["master"]])
+def test_every_declared_option_is_a_flag_of_train_and_master(verb):
+    parser = build_parser()
+    argv = verb + ["--tau", "2", "--factor", "0.5", "--max-advance", "3", "--weedout", "4", "--moving-rate", "0.2",
+                   "--no-overlap"]
+    args = parser.parse_args(argv)
+    assert mode_options(args) == {"tau": 2, "factor": 0.5, "max_advance": 3, "weedout": 4, "moving_rate": 0.2,
+                                  "overlap": False}
+    assert mode_options(parser.parse_args(verb)) == {}
+    assert len(all_options()) == 6
