@@ -2,7 +2,7 @@
 
 The table (../shared/reference/caffe_proto_fields.md) was made by parsing BVLC caffe.proto at commit 9b89154; it
 lists every message, field, number, label, type and default. We write the schema from it (adding our DATUMFILE
-backend) instead of copying Caffe's file, and tests/proto/test_schema.py checks the compiled module against the
+backend) instead of copying Caffe's file, and tests/proto/test_caffe_pb2.py checks the compiled module against the
 table, so the two cannot drift apart silently.
 
     python tools/gen_caffe_proto.py [--table PATH]      # needs grpcio-tools for protoc

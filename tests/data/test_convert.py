@@ -1,5 +1,5 @@
-"""Converters (convert-idx, convert-imageset, convert-db, compute-mean), IDX reading, progress and the verbs."""
-import argparse
+"""Converters (convert-idx, convert-imageset, convert-db, compute-mean), IDX reading and progress (the verbs that
+run them: tests/cli/test_data.py)."""
 import gzip
 import io
 import struct
@@ -9,7 +9,6 @@ import pytest
 from PIL import Image
 
 from pycaffe_dist.data import convert, idx
-from pycaffe_dist.cli.data import add_verbs
 from pycaffe_dist.data.sources import open_records, open_writer, parse_datum
 from pycaffe_dist.errors import DataError
 from pycaffe_dist.blob.binaryproto import read_blob_file
@@ -33,13 +32,6 @@ def golden_idx(tmp_path):
     images = write_idx(tmp_path / "images.gz", records["images"].reshape(256, 4, 4), 2051, gz=True)
     labels = write_idx(tmp_path / "labels", records["labels"], 2049)
     return images, labels, records
-
-
-def run_verb(argv):
-    parser = argparse.ArgumentParser()
-    add_verbs(parser.add_subparsers(dest="verb"))
-    args = parser.parse_args(argv)
-    return args.func(args)
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "leveldb", "datumfile"])
@@ -202,23 +194,3 @@ def test_progress_bar_on_a_tty_and_summary_otherwise(monkeypatch):
     progress.step(4)
     progress.close()
     assert "\r" not in plain.getvalue() and plain.getvalue().startswith("job: 4 records in ")
-
-
-def test_verbs(golden_idx, tmp_path, capsys):
-    images, labels, records = golden_idx
-    assert run_verb(["convert-idx", str(images), str(labels), str(tmp_path / "db"), "--backend", "leveldb"]) == 0
-    assert run_verb(["convert-db", str(tmp_path / "db"), str(tmp_path / "df"), "--backend-in", "leveldb",
-                     "--backend", "datumfile"]) == 0
-    assert run_verb(["compute-mean", str(tmp_path / "df"), str(tmp_path / "m.binaryproto"),
-                     "--backend", "datumfile"]) == 0
-    assert "mean_value channel [0]: %g\n" % records["images"].astype(np.float32).mean() in capsys.readouterr().out
-    make_images(tmp_path / "img")
-    (tmp_path / "list").write_text("a.png 2\nd.png 1\n")
-    assert run_verb(["convert-imageset", str(tmp_path / "img"), str(tmp_path / "list"), str(tmp_path / "im"),
-                     "--resize_height", "2", "--resize_width", "3", "--gray", "--shuffle", "--seed", "3"]) == 0
-    datums = [parse_datum(v, "r") for _, v in open_records(tmp_path / "im", "lmdb")]
-    assert [(d.channels, d.height, d.width) for d in datums] == [(1, 2, 3)] * 2
-    with pytest.raises(DataError, match=r"already exists; refusing to overwrite it"):
-        run_verb(["convert-idx", str(images), str(labels), str(tmp_path / "db"), "--backend", "leveldb"])
-    assert run_verb(["convert-idx", str(images), str(labels), str(tmp_path / "db"), "--backend", "leveldb",
-                     "--overwrite"]) == 0

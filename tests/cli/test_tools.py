@@ -1,29 +1,15 @@
-"""`dist_caffe` as a user runs it: real processes, one-line errors, no tracebacks."""
+"""The tool verbs (cli/tools.py: net-info, upgrade, device-query) as a user runs them: real processes, one-line
+errors, no tracebacks."""
 import json
-import subprocess
-import sys
 
 import pytest
 
 from pycaffe_dist.io.prototxt import read_text
 from pycaffe_dist.proto import caffe_pb2
-from tests.conftest import GOLDEN, REPO, ZOO
+from tests.cli.commands import assert_clean_error, dist_caffe
+from tests.conftest import GOLDEN, ZOO
 
 UPGRADE = json.loads((GOLDEN / "upgrade" / "manifest.json").read_text())["files"]
-
-
-def dist_caffe(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pycaffe_dist", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={"PYTHONPATH": str(REPO)})
-
-
-def assert_clean_error(run, *fragments):
-    assert run.returncode == 1, run.stderr
-    assert "Traceback" not in run.stderr
-    lines = [l for l in run.stderr.splitlines() if l.startswith("dist_caffe: error:")]
-    assert len(lines) == 1, run.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_net_info_lenet_table():
@@ -104,32 +90,3 @@ def test_unknown_layer_type_is_one_line(tmp_path):
     net = tmp_path / "odd.prototxt"
     net.write_text('layer { name: "roi" type: "ROIPooling" }\n')
     assert_clean_error(dist_caffe("net-info", net), "layer 'roi': unknown layer type: 'ROIPooling'")
-
-
-def test_time_prints_caffe_style_per_layer_timings(tmp_path):
-    net = GOLDEN / "nets" / "lenet" / "net.prototxt"
-    plot = tmp_path / "layers.png"
-    run = dist_caffe("time", "--model", net, "--iterations", 2, "--threads", 1, "--plot", plot)
-    assert run.returncode == 0, run.stderr
-    out = run.stdout
-    assert "Testing for 2 iterations." in out and "Iteration: 2 forward-backward time:" in out
-    for layer in ("conv1", "pool1", "conv2", "ip1", "relu1", "ip2", "loss"):
-        assert "%s\tforward:" % layer in out and "%s\tbackward:" % layer in out, layer
-    assert "Average Forward-Backward:" in out and "Total Time:" in out
-    loss = float(next(l for l in out.splitlines() if l.startswith("Initial loss:")).split()[-1])
-    assert abs(loss - 2.302585) < 1e-3          # zero inputs: every class equally likely, loss = ln 10
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_time_shows_the_wait_for_prefetched_data(tmp_path):
-    case = GOLDEN / "solvers" / "sgd_momentum"            # a Data layer on the LMDB Caffe wrote
-    run = dist_caffe("time", "--model", case / "net.prototxt", "--iterations", 3, "--threads", 1, cwd=case)
-    assert run.returncode == 0, run.stderr
-    line = next(l for l in run.stdout.splitlines() if l.startswith("Average wait for prefetched data:"))
-    wait_ms, share = float(line.split()[5]), float(line.split("(")[1].split("%")[0])
-    assert wait_ms >= 0 and 0 <= share <= 100
-
-
-def test_time_rejects_zero_iterations():
-    run = dist_caffe("time", "--model", GOLDEN / "nets" / "lenet" / "net.prototxt", "--iterations", 0)
-    assert_clean_error(run, "--iterations must be at least 1")

@@ -11,7 +11,7 @@ import pytest
 
 from pycaffe_dist.proto.binary import read_binary
 from pycaffe_dist.proto import caffe_pb2
-from tests.cli.test_cli import assert_clean_error, dist_caffe
+from tests.cli.commands import assert_clean_error, dist_caffe
 from tests.conftest import GOLDEN, REPO, load_npz
 
 CASE = GOLDEN / "solvers" / "sgd_momentum"
@@ -189,3 +189,32 @@ def test_progress_line_on_a_terminal_keeps_the_log_lines_whole(case):
     # What the terminal shows once the progress line is erased: exactly the log file's lines.
     shown = [re.sub(r"^.*\r\x1b\[K", "", line) for line in screen.replace("\r\n", "\n").split("\n")]
     assert [l for l in shown if l] == (case / "train.log").read_text().splitlines()
+
+
+def test_time_prints_caffe_style_per_layer_timings(tmp_path):
+    net = GOLDEN / "nets" / "lenet" / "net.prototxt"
+    plot = tmp_path / "layers.png"
+    run = dist_caffe("time", "--model", net, "--iterations", 2, "--threads", 1, "--plot", plot)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "Testing for 2 iterations." in out and "Iteration: 2 forward-backward time:" in out
+    for layer in ("conv1", "pool1", "conv2", "ip1", "relu1", "ip2", "loss"):
+        assert "%s\tforward:" % layer in out and "%s\tbackward:" % layer in out, layer
+    assert "Average Forward-Backward:" in out and "Total Time:" in out
+    loss = float(next(l for l in out.splitlines() if l.startswith("Initial loss:")).split()[-1])
+    assert abs(loss - 2.302585) < 1e-3          # zero inputs: every class equally likely, loss = ln 10
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_shows_the_wait_for_prefetched_data(tmp_path):
+    case = GOLDEN / "solvers" / "sgd_momentum"            # a Data layer on the LMDB Caffe wrote
+    run = dist_caffe("time", "--model", case / "net.prototxt", "--iterations", 3, "--threads", 1, cwd=case)
+    assert run.returncode == 0, run.stderr
+    line = next(l for l in run.stdout.splitlines() if l.startswith("Average wait for prefetched data:"))
+    wait_ms, share = float(line.split()[5]), float(line.split("(")[1].split("%")[0])
+    assert wait_ms >= 0 and 0 <= share <= 100
+
+
+def test_time_rejects_zero_iterations():
+    run = dist_caffe("time", "--model", GOLDEN / "nets" / "lenet" / "net.prototxt", "--iterations", 0)
+    assert_clean_error(run, "--iterations must be at least 1")

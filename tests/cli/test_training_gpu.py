@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.errors import DeviceError
-from tests.cli.test_cli import assert_clean_error, dist_caffe
-from tests.cli.test_cli_train import case, params  # noqa: F401  (the fixture)
+from tests.cli.commands import assert_clean_error, dist_caffe
+from tests.cli.test_training import case, params  # noqa: F401  (the fixture)
 from tests.conftest import REPO
 
 

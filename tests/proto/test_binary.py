@@ -1,9 +1,9 @@
-"""Binary protos written by Caffe itself (golden fixtures): read, round-trip, and refuse bad files clearly."""
+"""Binary proto files (proto/binary.py) written by Caffe itself (golden fixtures): read, round-trip, and refuse bad
+files clearly."""
 import numpy as np
 import pytest
 
 from pycaffe_dist.errors import ModelFileError
-from pycaffe_dist.blob.binaryproto import read_blob_file, write_blob_file
 from pycaffe_dist.io.load import read_net_binary
 from pycaffe_dist.proto.binary import read_binary, write_binary
 from pycaffe_dist.blob.blob import Blob
@@ -31,14 +31,6 @@ def test_round_trip_is_byte_identical(tmp_path):
     net = read_binary(GOLDEN / "nets" / "lenet" / "weights.caffemodel", caffe_pb2.NetParameter())
     write_binary(tmp_path / "w.caffemodel", net)
     assert (tmp_path / "w.caffemodel").read_bytes() == original
-
-
-def test_mean_file_round_trip(tmp_path):
-    mean = np.random.default_rng(0).random((1, 3, 4, 5), dtype=np.float32)
-    write_blob_file(tmp_path / "mean.binaryproto", mean)
-    np.testing.assert_array_equal(read_blob_file(tmp_path / "mean.binaryproto"), mean)
-    h = read_blob_file(GOLDEN / "layers" / "infogain_loss" / "H.binaryproto")
-    assert h.ndim >= 2
 
 
 @pytest.mark.parametrize("content, message", [
