@@ -8,7 +8,7 @@ import numpy as np
 from ..backend import select
 from ..blob.blob import count
 from ..proto import caffe_pb2
-from .base import Layer, checked_axis, device_scratch
+from .base import Layer, checked_axis
 from .registry import register
 
 
@@ -31,11 +31,6 @@ def _share_gpu(layer, top, source):
     top[0].share_reshaped(source)
     if layer.loss_weights and layer.loss_weights[0]:
         select.current().fill(top[0].mutable_gpu_diff, layer.loss_weights[0])
-
-
-def _scratch(layer, name, size, dtype=np.float32, fill=None):
-    """A device array kept on the layer between calls (base.device_scratch); `fill`: its value when made."""
-    return device_scratch(layer, name, size, fill, dtype)
 
 
 def _copy_axis_block(dev, src, src_dim, src_start, dst, dst_dim, dst_start, outer, block, inner):
@@ -517,7 +512,7 @@ class EltwiseLayer(Layer):
             for d, c in zip(data[1:], self.coeffs[1:]):
                 dev.axpy(n, c, d, y)
         else:
-            mask = _scratch(self, "max_idx", n, np.int32)      # Caffe's max_idx_
+            mask = self.buffer("max_idx", n, np.int32, device=True)      # Caffe's max_idx_
             dev.launch("eltwise_max_forward", n, data[0], data[1], 0, y, mask)
             for i, d in enumerate(data[2:], 2):
                 dev.launch("eltwise_max_forward", n, y, d, i, y, mask)
@@ -543,7 +538,8 @@ class EltwiseLayer(Layer):
             elif self.op == E.SUM:
                 dev.launch("gpu_scale", n, self.coeffs[i], top_diff, diff)
             else:
-                dev.launch("eltwise_max_backward", n, top_diff, _scratch(self, "max_idx", n, np.int32), i, diff)
+                mask = self.buffer("max_idx", n, np.int32, device=True)
+                dev.launch("eltwise_max_backward", n, top_diff, mask, i, diff)
 
     def flops(self, bottom, top):
         n = bottom[0].count * (len(bottom) - 1)     # one add / multiply / compare per extra bottom
@@ -819,12 +815,12 @@ def _reduce_outer_inner_gpu(layer, values, dims, out, accumulate):
             dev.memset(out, 0)
         return
     if inner > 1:
-        per_outer = _scratch(layer, "reduce_inner", outer * dim)
-        dev.gemv(False, outer * dim, inner, 1.0, values, _scratch(layer, "ones_inner", inner, fill=1.0), 0.0,
-                 per_outer)
+        per_outer = layer.buffer("reduce_inner", outer * dim, device=True)
+        dev.gemv(False, outer * dim, inner, 1.0, values, layer.buffer("ones_inner", inner, fill=1.0, device=True),
+                 0.0, per_outer)
     else:
         per_outer = values
-    dev.gemv(True, outer, dim, 1.0, per_outer, _scratch(layer, "ones_outer", outer, fill=1.0),
+    dev.gemv(True, outer, dim, 1.0, per_outer, layer.buffer("ones_outer", outer, fill=1.0, device=True),
              1.0 if accumulate else 0.0, out)
 
 
@@ -969,7 +965,7 @@ class ScaleLayer(Layer):
         x, n = bottom[0].gpu_data, bottom[0].count
         if top[0] is bottom[0]:
             # in place: the scale's gradient needs the input (Caffe's temp_)
-            dev.copy(_scratch(self, "saved", n), x)
+            dev.copy(self.buffer("saved", n, device=True), x)
         y = top[0].mutable_gpu_data
         _, dim, inner = self.dims
         if self.param.scale_param.bias_term and self.bias_dims == self.dims:
@@ -992,8 +988,8 @@ class ScaleLayer(Layer):
             _reduce_outer_inner_gpu(self, top_diff, self.bias_dims, self.blobs[-1].mutable_gpu_diff, accumulate=True)
         outer, dim, inner = self.dims
         if (two and propagate_down[1]) or (not two and self.param_propagate_down[0]):
-            x = _scratch(self, "saved", n) if top[0] is bottom[0] else bottom[0].gpu_data
-            product = _scratch(self, "product", n)
+            x = self.buffer("saved", n, device=True) if top[0] is bottom[0] else bottom[0].gpu_data
+            product = self.buffer("product", n, device=True)
             dev.launch("gpu_mul", n, top_diff, x, product)
             assign = two or (outer == 1 and not (dim == 1 and inner > 1))
             _reduce_outer_inner_gpu(self, product, self.dims, scale.mutable_gpu_diff, accumulate=not assign)
