@@ -4,7 +4,8 @@ A layer is built from its LayerParameter, then `setup(bottom, top)` checks the b
 `layer_setup` (read parameters, create `self.blobs`) and `reshape` (set top shapes from bottom shapes).
 `forward(bottom, top)` and `backward(top, propagate_down, bottom)` compute; they call backend kernels and do not
 know which backend runs them. `flops(bottom, top)` counts the forward pass's floating-point operations
-(a multiply-add is 2), for net-info.
+(a multiply-add is 2), for net-info. `buffer(name, ...)` is every scratch array a layer keeps between calls, on the
+host or the device (Caffe's internal blobs: ones multipliers, column buffers, masks, saved inputs).
 """
 import numpy as np
 
