@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backend import neuron, select
 from ..proto import caffe_pb2
-from .base import Layer, device_scratch, held_scratch
+from .base import Layer
 from .registry import register
 
 
@@ -33,10 +33,6 @@ class NeuronLayer(Layer):
     flops_per_element = 1        # forward floating-point operations per element (a multiply-add is 2)
     allow_in_place = True
     backward_needs_bottom = False   # the backward reads x: in place, the forward first keeps a copy of it
-
-    def __init__(self, param, phase=None):
-        super().__init__(param, phase)
-        self._work = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -62,19 +58,10 @@ class NeuronLayer(Layer):
     def flops(self, bottom, top):
         return self.flops_per_element * bottom[0].count
 
-    def work(self, name, like, dtype=None):
-        """A scratch array shaped like `like` (and of its dtype unless given), kept between calls like the
-        internal blobs of Caffe's layers."""
-        dtype = like.dtype if dtype is None else np.dtype(dtype)
-        array = self._work.get(name)
-        if array is None or array.shape != like.shape or array.dtype != dtype:
-            array = self._work[name] = np.empty(like.shape, dtype)
-        return array
-
     def forward(self, bottom, top):
         x = bottom[0].data
         if top[0] is bottom[0] and self.backward_needs_bottom:
-            np.copyto(self.work("bottom", x), x)
+            np.copyto(self.buffer("bottom", x.shape, x.dtype), x)
         self.compute(x, top[0].data)
 
     def backward(self, top, propagate_down, bottom):
@@ -84,7 +71,7 @@ class NeuronLayer(Layer):
     def bottom_data(self, bottom, top):
         """x as the forward saw it: its copy when computing in place (if the backward needs x), else the data."""
         if top[0] is bottom[0] and self.backward_needs_bottom:
-            return self._work["bottom"]
+            return self.buffer("bottom")
         return bottom[0].data
 
     def compute(self, x, y):
@@ -94,16 +81,11 @@ class NeuronLayer(Layer):
         raise NotImplementedError
 
     # --- GPU ----------------------------------------------------------------------------------------------------
-    def gpu_work(self, name, size, fill=None):
-        """A device scratch array of `size` float32 values kept between calls (as `work`); `fill`: its value when
-        (re)allocated."""
-        return device_scratch(self, name, size, fill)
-
     def forward_gpu(self, bottom, top):
         dev = select.current()
         x = bottom[0].gpu_data
         if top[0] is bottom[0] and self.backward_needs_bottom:
-            dev.copy(self.gpu_work("bottom", x.size), x)
+            dev.copy(self.buffer("bottom", x.size, device=True), x)
         self.compute_gpu(dev, x, top[0].mutable_gpu_data)
 
     def backward_gpu(self, top, propagate_down, bottom):
@@ -115,7 +97,7 @@ class NeuronLayer(Layer):
     def gpu_bottom_data(self, bottom, top):
         """bottom_data's device twin: x as the forward saw it."""
         if top[0] is bottom[0] and self.backward_needs_bottom:
-            return held_scratch(self, "bottom")
+            return self.buffer("bottom", device=True)
         return bottom[0].gpu_data
 
     compute_gpu = None       # (dev, x, y): the forward over flat device arrays
@@ -185,7 +167,8 @@ class PReLULayer(NeuronLayer):
         x, dy = self.bottom_data(bottom, top), top[0].diff
         # The slope's gradient first: in place, the bottom diff overwrites the top diff (as in Caffe).
         if self.param_propagate_down[0]:
-            neuron.prelu_slope_backward(x, dy, self.blobs[0].diff, self.channels, self.dim, self.work("min_x", x))
+            neuron.prelu_slope_backward(x, dy, self.blobs[0].diff, self.channels, self.dim,
+                                        self.buffer("min_x", x.shape, x.dtype))
         if propagate_down[0]:
             neuron.prelu_backward(x, dy, self.blobs[0].data, bottom[0].diff, self.channels, self.dim)
 
@@ -203,12 +186,12 @@ class PReLULayer(NeuronLayer):
         slope = self.blobs[0]
         if self.param_propagate_down[0] and n:
             cdim = self.channels * self.dim
-            per_position = self.gpu_work("slope_work", cdim)
+            per_position = self.buffer("slope_work", cdim, device=True)
             dev.launch("prelu_param_backward", cdim, n // cdim, x, dy, per_position)
             # slope diff (one value, or one per channel) += the per-position sums summed over each slope's positions
             width = cdim // slope.count
-            dev.gemv(False, slope.count, width, 1.0, per_position, self.gpu_work("ones", width, fill=1.0), 1.0,
-                     slope.mutable_gpu_diff)
+            dev.gemv(False, slope.count, width, 1.0, per_position, self.buffer("ones", width, fill=1.0, device=True),
+                     1.0, slope.mutable_gpu_diff)
         if propagate_down[0]:
             dev.launch("prelu_backward", n, self.channels, self.dim, self._div_factor(), x, dy, slope.gpu_data,
                        bottom[0].mutable_gpu_diff)
@@ -224,7 +207,7 @@ class ELULayer(NeuronLayer):
         self.backward_needs_bottom = self.alpha < 0
 
     def compute(self, x, y):
-        neuron.elu_forward(x, y, self.alpha, self.work("exp", x))
+        neuron.elu_forward(x, y, self.alpha, self.buffer("exp", x.shape, x.dtype))
 
     def gradient(self, x, y, dy, dx):
         neuron.elu_backward(x, y, dy, dx, self.alpha)
@@ -293,10 +276,10 @@ class BNLLLayer(NeuronLayer):
     backward_needs_bottom = True
 
     def compute(self, x, y):
-        neuron.bnll_forward(x, y, self.work("exp", x), self.work("log", x))
+        neuron.bnll_forward(x, y, self.buffer("exp", x.shape, x.dtype), self.buffer("log", x.shape, x.dtype))
 
     def gradient(self, x, y, dy, dx):
-        neuron.bnll_backward(x, dy, dx, self.work("exp", x))
+        neuron.bnll_backward(x, dy, dx, self.buffer("exp", x.shape, x.dtype))
 
     def compute_gpu(self, dev, x, y):
         dev.launch("bnll_forward", x.size, x, y)
@@ -450,7 +433,7 @@ class DropoutLayer(NeuronLayer):
 
     def compute(self, x, y):
         if self.phase == caffe_pb2.TRAIN:
-            rand = self.work("rand", x, np.float32)      # Caffe's rand_vec_, as uniform draws
+            rand = self.buffer("rand", x.shape)      # Caffe's rand_vec_, as uniform draws (float32)
             self.rng.random(out=rand, dtype=np.float32)
             neuron.dropout(x, rand.reshape(-1), y, 1.0 - self.threshold, self.scale)
         elif y is not x:
@@ -458,7 +441,7 @@ class DropoutLayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         if self.phase == caffe_pb2.TRAIN:
-            neuron.dropout(dy, self._work["rand"].reshape(-1), dx, 1.0 - self.threshold, self.scale)
+            neuron.dropout(dy, self.buffer("rand").reshape(-1), dx, 1.0 - self.threshold, self.scale)
         elif dx is not dy:
             np.copyto(dx, dy)
 
@@ -466,12 +449,11 @@ class DropoutLayer(NeuronLayer):
         if self.phase == caffe_pb2.TRAIN:
             # Caffe draws the mask with curand; the draws come from the CPU path's generator and calls instead
             # (common.rng(), float32 uniforms, one per element in memory order), uploaded, so that both paths drop
-            # the same units for the same seed. The host draws stay in _work["rand"], as the CPU code keeps them.
-            rand = self._work.get("rand")
-            if rand is None or rand.size != x.size:
-                rand = self._work["rand"] = np.empty(x.size, np.float32)
+            # the same units for the same seed. The host draws stay in the host buffer "rand", as the CPU code
+            # keeps them.
+            rand = self.buffer("rand", x.size)
             self.rng.random(out=rand, dtype=np.float32)
-            rand_gpu = self.gpu_work("rand", x.size)
+            rand_gpu = self.buffer("rand", x.size, device=True)
             dev.upload(rand_gpu, rand)
             dev.launch("dropout_apply", x.size, x, rand_gpu, 1.0 - self.threshold, self.scale, y)
         elif y.ptr != x.ptr:
@@ -479,7 +461,8 @@ class DropoutLayer(NeuronLayer):
 
     def gradient_gpu(self, dev, x, y, dy, dx):
         if self.phase == caffe_pb2.TRAIN:
-            dev.launch("dropout_apply", dy.size, dy, held_scratch(self, "rand"), 1.0 - self.threshold, self.scale, dx)
+            dev.launch("dropout_apply", dy.size, dy, self.buffer("rand", device=True), 1.0 - self.threshold, self.scale,
+                       dx)
         elif dx.ptr != dy.ptr:
             dev.copy(dx, dy)
 
@@ -517,13 +500,13 @@ class SwishLayer(NeuronLayer):
         self.beta = self.param.swish_param.beta
 
     def compute(self, x, y):
-        neuron.swish_forward(x, y, self.beta, self.work("sigmoid", x))
+        neuron.swish_forward(x, y, self.beta, self.buffer("sigmoid", x.shape, x.dtype))
 
     def gradient(self, x, y, dy, dx):
-        neuron.swish_backward(y, self._work["sigmoid"], dy, dx, self.beta)
+        neuron.swish_backward(y, self.buffer("sigmoid"), dy, dx, self.beta)
 
     def compute_gpu(self, dev, x, y):
-        dev.launch("swish_forward", x.size, x, self.beta, self.gpu_work("sigmoid", x.size), y)
+        dev.launch("swish_forward", x.size, x, self.beta, self.buffer("sigmoid", x.size, device=True), y)
 
     def gradient_gpu(self, dev, x, y, dy, dx):
-        dev.launch("swish_backward", y.size, y, held_scratch(self, "sigmoid"), dy, self.beta, dx)
+        dev.launch("swish_backward", y.size, y, self.buffer("sigmoid", device=True), dy, self.beta, dx)

@@ -4,14 +4,15 @@ A layer is built from its LayerParameter, then `setup(bottom, top)` checks the b
 `layer_setup` (read parameters, create `self.blobs`) and `reshape` (set top shapes from bottom shapes).
 `forward(bottom, top)` and `backward(top, propagate_down, bottom)` compute; they call backend kernels and do not
 know which backend runs them. `flops(bottom, top)` counts the forward pass's floating-point operations
-(a multiply-add is 2), for net-info.
+(a multiply-add is 2), for net-info. `buffer(name, ...)` is every scratch array a layer keeps between calls, on the
+host or the device (Caffe's internal blobs: ones multipliers, column buffers, masks, saved inputs).
 """
 import numpy as np
 
 from ..backend import select
 from ..errors import NetError
 from .. import common
-from ..blob.blob import Blob, canonical_axis
+from ..blob.blob import Blob, canonical_axis, count
 from ..blob.filler import fill, filler_problem
 
 
@@ -51,6 +52,7 @@ class Layer:
         del self.param.blobs[:]   # now held by self.blobs; to_proto writes them back
         self.param_propagate_down = []
         self.loss_weights = []
+        self._buffers = {}   # buffer(): {(name, on the device): (device or None, array)}
 
     # --- helpers for subclasses -----------------------------------------------------------------------
 
@@ -126,6 +128,49 @@ class Layer:
     def rng(self):
         return common.rng()
 
+    def buffer(self, name, size_or_shape=None, dtype=np.float32, fill=None, device=False, at_least=False):
+        """A scratch array the layer keeps under `name` between calls, as Caffe's layers keep internal blobs
+        (bias_multiplier_, col_buffer_, max_idx_, rand_vec_, ...): a numpy array, or with `device` an array on the
+        process's device (select.current()). Host and device buffers of one name are two buffers.
+
+        size_or_shape: a number of elements (a flat array), or on the host a shape. The array kept under `name` is
+        returned unless it must be made again: on another device, of another dtype, or of another size (a number)
+        or shape (a shape); with `at_least`, only when it has fewer elements than asked for (a buffer that grows,
+        as a Blob keeps its capacity), and a new one has at least one element. `fill` sets every element of a new
+        array (Caffe's ones multipliers); a kept one is returned as it is, whatever was written into it.
+
+        Without size_or_shape: the array last made under `name` (what a forward left for its backward)."""
+        key = (name, bool(device))
+        if size_or_shape is None:
+            return self._buffers[key][1]
+        dtype = np.dtype(dtype)
+        where = select.current() if device else None
+        shape = tuple(size_or_shape) if isinstance(size_or_shape, tuple) and not device else None
+        size = count(size_or_shape) if isinstance(size_or_shape, tuple) else int(size_or_shape)
+        if at_least:
+            size = max(1, size)
+        held = self._buffers.get(key)
+        if held is not None and held[0] is where and held[1].dtype == dtype:
+            array = held[1]
+            if at_least:
+                fits = array.size >= size
+            elif shape is not None:
+                fits = array.shape == shape
+            else:
+                fits = array.size == size
+            if fits:
+                return array
+        if device:
+            array = where.empty(size, dtype)
+            if fill is not None:
+                where.fill(array, fill)
+        else:
+            array = np.empty(size if shape is None else shape, dtype)
+            if fill is not None:
+                array.fill(fill)
+        self._buffers[key] = (where, array)
+        return array
+
 
 # --- helpers shared by the layer modules ------------------------------------------------------------------
 
@@ -151,24 +196,3 @@ def c_div(a, b):
     """C's integer division (truncates toward zero), which Caffe's output-size formulas use."""
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b > 0) else -q
-
-
-def device_scratch(owner, name, size, fill=None, dtype=np.float32, at_least=False):
-    """A device array of `size` elements kept on `owner` under `name` between calls (as Caffe's layers keep internal
-    blobs), made again only when the device or dtype changes or the size differs (with `at_least`: is too small);
-    `fill` sets every element of a new one (Caffe's ones multipliers)."""
-    dev, dtype = select.current(), np.dtype(dtype)
-    store = owner.__dict__.setdefault("_device_scratch", {})
-    held = store.get(name)
-    if held is None or held[0] is not dev or held[1].dtype != dtype or \
-            (held[1].size < size if at_least else held[1].size != size):
-        array = dev.empty(size, dtype)
-        if fill is not None:
-            dev.fill(array, fill)
-        held = store[name] = (dev, array)
-    return held[1]
-
-
-def held_scratch(owner, name):
-    """The array device_scratch last made under `name` (a forward's result that its backward reads)."""
-    return owner.__dict__["_device_scratch"][name][1]

@@ -11,7 +11,8 @@ from ..backend import select
 from ..backend.conv import ConvEngine
 from .._kernels import im2col as _k
 from ..blob.blob import count
-from .base import Layer, c_div, check_param_shapes, checked_axis, device_scratch
+from .base import Layer, c_div, check_param_shapes, checked_axis
+from .gpu_helpers import gpu_ones
 from .registry import register
 
 
@@ -71,31 +72,20 @@ def deconv_out_dim(size, kernel, stride, pad, dilation):
 GPU_BUFFER_BYTES = 32 << 20   # bound of the GPU column buffer (and of the per-image weight-diff scratch)
 
 
-def gpu_scratch(owner, name, dev, size, fill=None, dtype=np.float32):
-    """A device array of at least `size` elements kept on `owner` (base.device_scratch), reallocated only when it
-    must grow or the device changed; `fill` sets every element of a new one: a ones vector."""
-    return device_scratch(owner, name, max(1, size), fill, dtype, at_least=True)
-
-
-def gpu_ones(owner, dev, size):
-    """Caffe's bias_multiplier_: a ones vector of at least `size` elements."""
-    return gpu_scratch(owner, "_gpu_ones", dev, size, fill=1.0)
-
-
-def gpu_add_bias(owner, dev, bias, out, num, channels, spatial):
+def gpu_add_bias(layer, dev, bias, out, num, channels, spatial):
     """out (num, channels, spatial) += bias[c]: Caffe's forward_gpu_bias (a rank-1 GEMM with a ones vector), for
     all images in one strided-batched GEMM."""
-    dev.gemm_batched(False, False, channels, spatial, 1, 1.0, bias, 0, gpu_ones(owner, dev, spatial), 0, 1.0, out,
+    dev.gemm_batched(False, False, channels, spatial, 1, 1.0, bias, 0, gpu_ones(layer, spatial), 0, 1.0, out,
                      channels * spatial, num)
 
 
-def gpu_bias_diff(owner, dev, dy, bias_diff, num, channels, spatial):
+def gpu_bias_diff(layer, dev, dy, bias_diff, num, channels, spatial):
     """bias_diff += the sum of dy (num, channels, spatial) over images and positions: Caffe's backward_gpu_bias
     (a GEMV with ones per image), as two GEMVs: per (image, channel) sums, then their sum over images."""
     if num * channels * spatial == 0:
         return
-    sums = gpu_scratch(owner, "_gpu_bias_sums", dev, num * channels)
-    ones = gpu_ones(owner, dev, max(spatial, num))
+    sums = layer.buffer("bias_sums", num * channels, device=True, at_least=True)
+    ones = gpu_ones(layer, max(spatial, num))
     dev.gemv(False, num * channels, spatial, 1.0, dy, ones, 0.0, sums)
     dev.gemv(True, num, channels, 1.0, sums, ones, 1.0, bias_diff)
 
@@ -158,7 +148,9 @@ class GpuConvEngine:
     beta = 1, at the price of the scratch (bounded like the column buffer). Batched over the groups, or where
     one image's |W| fills the bound already, the GEMMs add into dW with beta = 1, image after image, as Caffe's.
     A 1x1 convolution (kernel 1, stride 1, pad 0: Caffe's is_1x1_) multiplies the images themselves, without
-    a column buffer."""
+    a column buffer.
+    The buffers (columns, the weight-diff scratch, ones) are the layer's, which the calls name (`layer`), as Caffe's
+    col_buffer_ is: they outlive an engine that a reshape replaces, and only grow."""
 
     def __init__(self, im_shape, kernel, pad, stride, dilation, group, out_channels, force_nd=False):
         self.unroll = u = GpuUnroll(im_shape, kernel, pad, stride, dilation, force_nd)
@@ -177,12 +169,12 @@ class GpuConvEngine:
         for start in range(0, num, max(1, step)):
             yield start, min(step, num - start)
 
-    def _columns(self, dev, ims, start, m):
+    def _columns(self, layer, dev, ims, start, m):
         """The chunk's column buffer, unrolled from ims (for a 1x1 convolution: the images themselves)."""
         u = self.unroll
         if self.is_1x1:
             return ims.at(start * u.im_count, m * u.im_count)
-        col = gpu_scratch(self, "_gpu_col", dev, m * u.col_count)
+        col = layer.buffer("columns", m * u.col_count, device=True, at_least=True)
         u.im2col(dev, ims.at(start * u.im_count, m * u.im_count), col, m)
         return col
 
@@ -214,7 +206,7 @@ class GpuConvEngine:
         self._gemms(dev, True, False, self.rows_g, P, self.out_g, (w, 0, self.weight_g),
                     (y, self.out_count, self.out_g * P), 0.0, (col, self.unroll.col_count, self.rows_g * P), m)
 
-    def _weight_gemm(self, dev, y, col, dw, m):
+    def _weight_gemm(self, layer, dev, y, col, dw, m):
         """dW += sum over the m images of y_i col_i^T, group by group."""
         P, col_count = self.unroll.positions, self.unroll.col_count
         if self.group > 1 and (self.group > m or self.dw_chunk_limit == 1):
@@ -229,36 +221,37 @@ class GpuConvEngine:
                 self._gemms(dev, False, True, self.out_g, self.rows_g, P, (ys, 0, self.out_g * P),
                             (cs, 0, self.rows_g * P), 1.0, (dw, 0, self.weight_g), 1, by_groups=True)
                 continue
-            scratch = gpu_scratch(self, "_gpu_dw", dev, b * self.weight_count)
+            scratch = layer.buffer("weight_diffs", b * self.weight_count, device=True, at_least=True)
             self._gemms(dev, False, True, self.out_g, self.rows_g, P, (ys, self.out_count, self.out_g * P),
                         (cs, col_count, self.rows_g * P), 0.0, (scratch, self.weight_count, self.weight_g), b,
                         by_groups=False)
-            dev.gemv(True, b, self.weight_count, 1.0, scratch, gpu_ones(self, dev, b), 1.0, dw)
+            dev.gemv(True, b, self.weight_count, 1.0, scratch, gpu_ones(layer, b), 1.0, dw)
 
-    def image_to_output(self, dev, w, ims, num, out=None, dw=None, y=None):
-        """col = im2col(ims); out = W col, and/or dW += y col^T (device arrays of num images).
-        Convolution forward (out) and a deconvolution's backward (out = bottom diff, dW with y = its bottom)."""
+    def image_to_output(self, layer, dev, w, ims, num, out=None, dw=None, y=None):
+        """col = im2col(ims); out = W col, and/or dW += y col^T (device arrays of num images); `layer` keeps the
+        buffers. Convolution forward (out) and a deconvolution's backward (out = bottom diff, dW with y = its
+        bottom)."""
         for start, m in self._chunks(num):
-            col = self._columns(dev, ims, start, m)
+            col = self._columns(layer, dev, ims, start, m)
             if dw is not None:
-                self._weight_gemm(dev, y.at(start * self.out_count), col, dw, m)
+                self._weight_gemm(layer, dev, y.at(start * self.out_count), col, dw, m)
             if out is not None:
                 self._forward_gemm(dev, w, col, out.at(start * self.out_count, m * self.out_count), m)
 
-    def output_to_image(self, dev, w, y, num, ims_out=None, dw=None, ims_in=None):
-        """ims_out = col2im(W^T y), and/or dW += y im2col(ims_in)^T.
+    def output_to_image(self, layer, dev, w, y, num, ims_out=None, dw=None, ims_in=None):
+        """ims_out = col2im(W^T y), and/or dW += y im2col(ims_in)^T; `layer` keeps the buffers.
         Convolution backward (bottom diff, weight diff) and a deconvolution's forward (ims_out = its top)."""
         u = self.unroll
         for start, m in self._chunks(num):
             ys = y.at(start * self.out_count, m * self.out_count)
             if dw is not None:
-                self._weight_gemm(dev, ys, self._columns(dev, ims_in, start, m), dw, m)
+                self._weight_gemm(layer, dev, ys, self._columns(layer, dev, ims_in, start, m), dw, m)
             if ims_out is not None:
                 chunk_out = ims_out.at(start * u.im_count, m * u.im_count)
                 if self.is_1x1:
                     self._backward_gemm(dev, w, ys, chunk_out, m)
                 else:
-                    col = gpu_scratch(self, "_gpu_col", dev, m * u.col_count)
+                    col = layer.buffer("columns", m * u.col_count, device=True, at_least=True)
                     self._backward_gemm(dev, w, ys, col, m)
                     u.col2im(dev, col, chunk_out, m)
 
@@ -340,13 +333,6 @@ class _BaseConvolution(Layer):
     def _images(self, array, channels):
         return array.reshape((self.num, channels) + array.shape[self.channel_axis + 1:])
 
-    def _ones(self, dtype):
-        n = count(self.output_spatial)
-        ones = getattr(self, "_ones_cache", None)
-        if ones is None or ones.shape[0] != n or ones.dtype != dtype:
-            ones = self._ones_cache = np.ones(n, dtype)
-        return ones
-
     def _bias(self):
         return self.blobs[1].data if self.bias_term else None
 
@@ -371,7 +357,7 @@ class _BaseConvolution(Layer):
             if want_b:
                 # Caffe's per-image GEMV with a ones vector, the images then summed in order: one BLAS call,
                 # several times faster than numpy's sum over two axes
-                ones = self._ones(dy.dtype)
+                ones = self.buffer("ones", count(self.output_spatial), dy.dtype, fill=1.0)
                 self.blobs[1].diff[...] += (dy.reshape(self.num, c_out, ones.shape[0]) @ ones).sum(axis=0)
             dx = self._images(b.diff, c_in) if propagate_down[i] else None
             if dw is None and dx is None:
@@ -398,9 +384,9 @@ class _BaseConvolution(Layer):
         for b, t in zip(bottom, top):
             x, y = b.gpu_data, t.mutable_gpu_data
             if self.reverse_dimensions:
-                engine.output_to_image(dev, w, x, self.num, ims_out=y)
+                engine.output_to_image(self, dev, w, x, self.num, ims_out=y)
             else:
-                engine.image_to_output(dev, w, x, self.num, out=y)
+                engine.image_to_output(self, dev, w, x, self.num, out=y)
             if self.bias_term:
                 gpu_add_bias(self, dev, self.blobs[1].gpu_data, y, self.num, self.num_output, spatial)
 
@@ -420,9 +406,9 @@ class _BaseConvolution(Layer):
                 continue
             x = b.gpu_data
             if self.reverse_dimensions:
-                engine.image_to_output(dev, w, dy, self.num, out=dx, dw=dw, y=x)
+                engine.image_to_output(self, dev, w, dy, self.num, out=dx, dw=dw, y=x)
             else:
-                engine.output_to_image(dev, w, dy, self.num, ims_out=dx, dw=dw, ims_in=x)
+                engine.output_to_image(self, dev, w, dy, self.num, ims_out=dx, dw=dw, ims_in=x)
 
     def flops(self, bottom, top):
         # Per image: a GEMM of (conv_out / g) x (kernel_dim) x (conv spatial size) per group, 2 ops per MAC,

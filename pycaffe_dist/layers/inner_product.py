@@ -4,8 +4,8 @@ import numpy as np
 
 from ..backend import blas, select
 from ..blob.blob import count
-from .conv import gpu_ones, gpu_scratch
 from .base import Layer, check_param_shapes, checked_axis
+from .gpu_helpers import gpu_ones
 from .registry import register
 
 
@@ -81,7 +81,7 @@ class InnerProductLayer(Layer):
             return
         dev.gemm(False, not self.transpose, M, N, K, 1.0, x, w, 0.0, y)
         if self.bias_term:
-            dev.gemm(False, False, M, N, 1, 1.0, gpu_ones(self, dev, M), self.blobs[1].gpu_data, 1.0, y)
+            dev.gemm(False, False, M, N, 1, 1.0, gpu_ones(self, M), self.blobs[1].gpu_data, 1.0, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
         dev, M, N, K = select.current(), self.M, self.num_output, self.K
@@ -93,7 +93,7 @@ class InnerProductLayer(Layer):
             else:
                 dev.gemm(True, False, N, K, M, 1.0, dy, x, 1.0, dw)
         if self.bias_term and self.param_propagate_down[1]:
-            dev.gemv(True, M, N, 1.0, dy, gpu_ones(self, dev, M), 1.0, self.blobs[1].mutable_gpu_diff)
+            dev.gemv(True, M, N, 1.0, dy, gpu_ones(self, M), 1.0, self.blobs[1].mutable_gpu_diff)
         if propagate_down[0]:
             dev.gemm(False, self.transpose, M, K, N, 1.0, dy, self.blobs[0].gpu_data, 0.0,
                      bottom[0].mutable_gpu_diff)
@@ -161,12 +161,12 @@ class EmbedLayer(Layer):
         rows = index.size
         if rows == 0:
             return
-        gpu_index = gpu_scratch(self, "_gpu_index", dev, rows, dtype=np.int32)
+        gpu_index = self.buffer("index", rows, np.int32, device=True, at_least=True)
         dev.upload(gpu_index.at(0, rows), index)
         y = top[0].mutable_gpu_data
         dev.launch("embed_forward", rows * self.num_output, gpu_index, self.blobs[0].gpu_data, self.num_output, y)
         if self.bias_term:
-            dev.gemm(False, False, rows, self.num_output, 1, 1.0, gpu_ones(self, dev, rows), self.blobs[1].gpu_data,
+            dev.gemm(False, False, rows, self.num_output, 1, 1.0, gpu_ones(self, rows), self.blobs[1].gpu_data,
                      1.0, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
@@ -182,13 +182,13 @@ class EmbedLayer(Layer):
             index = self._indices(bottom)
             positions = np.argsort(index, kind="stable").astype(np.int32)
             starts = np.searchsorted(index[positions], np.arange(self.input_dim + 1)).astype(np.int32)
-            table = gpu_scratch(self, "_gpu_table", dev, rows + self.input_dim + 1, dtype=np.int32)
+            table = self.buffer("table", rows + self.input_dim + 1, np.int32, device=True, at_least=True)
             dev.upload(table.at(0, rows), positions)
             dev.upload(table.at(rows, self.input_dim + 1), starts)
             dev.launch("embed_backward", self.input_dim * self.num_output, dy, table.at(0, rows),
                        table.at(rows, self.input_dim + 1), self.num_output, self.blobs[0].mutable_gpu_diff)
         if self.bias_term and self.param_propagate_down[1]:
-            dev.gemv(True, rows, self.num_output, 1.0, dy, gpu_ones(self, dev, rows), 1.0,
+            dev.gemv(True, rows, self.num_output, 1.0, dy, gpu_ones(self, rows), 1.0,
                      self.blobs[1].mutable_gpu_diff)
 
     def allow_force_backward(self, bottom_index):

@@ -13,8 +13,8 @@ from ..backend import select, softmax
 from ..blob.binaryproto import read_blob_file
 from ..proto import caffe_pb2
 from .base import Layer, checked_axis
+from .gpu_helpers import SOFTMAX_FLOPS_PER_ELEMENT, gpu_softmax
 from .registry import register
-from .softmax import SOFTMAX_FLOPS_PER_ELEMENT, gpu_forward as softmax_gpu_forward, scratch
 
 LossParameter = caffe_pb2.LossParameter
 
@@ -117,12 +117,7 @@ class _SoftmaxLossBase(LossLayer):
         """Softmax of bottom 0 over self.axis into top[1] when there is one (Caffe's top[1]->ShareData(prob_): the
         second top IS the probability blob backward reads), else into a buffer of our own."""
         x = bottom[0].data
-        if len(top) > 1:
-            prob = top[1].data
-        else:
-            prob = self._prob
-            if prob is None or prob.shape != x.shape or prob.dtype != x.dtype:
-                prob = np.empty_like(x)
+        prob = top[1].data if len(top) > 1 else self.buffer("prob", x.shape, x.dtype)
         softmax.forward(x, prob, self.axis)
         self._prob = prob
         return prob.reshape(self.outer_num, -1, self.inner_num)
@@ -190,12 +185,12 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
     def forward_gpu(self, bottom, top):
         dev = select.current()
         channels, positions = bottom[0].shape[self.axis], self.outer_num * self.inner_num
-        prob = top[1].mutable_gpu_data if len(top) > 1 else scratch(self, "_prob_gpu", bottom[0].count)
-        softmax_gpu_forward(bottom[0].gpu_data, prob, self.outer_num, channels, self.inner_num,
-                            scratch(self, "_scale_gpu", positions))
-        loss = scratch(self, "_loss_gpu", positions)
-        counts = scratch(self, "_counts_gpu", positions)
-        bad = scratch(self, "_bad_gpu", positions)
+        prob = top[1].mutable_gpu_data if len(top) > 1 else self.buffer("prob", bottom[0].count, device=True)
+        gpu_softmax(bottom[0].gpu_data, prob, self.outer_num, channels, self.inner_num,
+                    self.buffer("scale", positions, device=True))
+        loss = self.buffer("loss", positions, device=True)
+        counts = self.buffer("counts", positions, device=True)
+        bad = self.buffer("bad", positions, device=True)
         dev.launch("softmax_loss_forward", positions, prob, bottom[1].gpu_data, channels, self.inner_num,
                    *ignore_args(self.ignore_label), loss, counts, bad)
         refuse_bad_labels(self, dev, bad, bottom[1], channels, self.ignore_label)
@@ -210,8 +205,8 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         channels, positions = bottom[0].shape[self.axis], self.outer_num * self.inner_num
         diff = bottom[0].mutable_gpu_diff
         # The probabilities of the forward: top[1] when there is one (Caffe's top[1]->ShareData(prob_)).
-        dev.copy(diff, top[1].gpu_data if len(top) > 1 else scratch(self, "_prob_gpu", bottom[0].count))
-        counts = scratch(self, "_counts_gpu", positions)
+        dev.copy(diff, top[1].gpu_data if len(top) > 1 else self.buffer("prob", bottom[0].count, device=True))
+        counts = self.buffer("counts", positions, device=True)
         dev.launch("softmax_loss_backward", positions, bottom[1].gpu_data, channels, self.inner_num,
                    *ignore_args(self.ignore_label), diff, counts)
         weight = np.float32(top[0].cpu_diff[()]) / np.float32(self._gpu_normalizer(dev, counts))
@@ -278,11 +273,11 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
         # positive, and the CPU path sums the signed terms.
         dev = select.current()
         count = bottom[0].count
-        terms = scratch(self, "_terms_gpu", count)
-        counts = scratch(self, "_counts_gpu", count)
+        terms = self.buffer("terms", count, device=True)
+        counts = self.buffer("counts", count, device=True)
         dev.launch("sigmoid_ce_loss_forward", count, bottom[0].gpu_data, bottom[1].gpu_data,
                    *ignore_args(self.ignore_label), terms, counts)
-        loss = 0 - np.float32(dev.dot(count, terms, scratch(self, "_ones_gpu", count, 1.0)))
+        loss = 0 - np.float32(dev.dot(count, terms, self.buffer("ones", count, fill=1.0, device=True)))
         if self.normalization == LossParameter.VALID and self.ignore_label is not None:
             valid_count = int(round(dev.asum(count, counts)))
         else:
@@ -328,14 +323,14 @@ class EuclideanLossLayer(LossLayer):
         # euclidean_loss_layer.cu: diff_ = a - b on the device, loss = dot(diff_, diff_) / num / 2.
         dev = select.current()
         count = bottom[0].count
-        diff = scratch(self, "_diff_gpu", count)
+        diff = self.buffer("diff", count, device=True)
         dev.launch("gpu_sub", count, bottom[0].gpu_data, bottom[1].gpu_data, diff)
         dot = np.float32(dev.dot(count, diff, diff))
         top[0].data[...] = dot / np.float32(bottom[0].shape[0]) / np.float32(2)
 
     def backward_gpu(self, top, propagate_down, bottom):
         dev = select.current()
-        diff = scratch(self, "_diff_gpu", bottom[0].count)
+        diff = self.buffer("diff", bottom[0].count, device=True)
         for i, sign in ((0, 1), (1, -1)):
             if propagate_down[i]:
                 alpha = sign * np.float32(top[0].cpu_diff[()]) / np.float32(bottom[i].shape[0])
@@ -637,9 +632,9 @@ class AccuracyLayer(Layer):
         dev = select.current()
         num_labels = bottom[0].shape[self.axis]
         positions = self.outer_num * self.inner_num
-        correct = scratch(self, "_correct_gpu", positions)
-        counts = scratch(self, "_counts_gpu", positions)
-        bad = scratch(self, "_bad_gpu", positions)
+        correct = self.buffer("correct", positions, device=True)
+        counts = self.buffer("counts", positions, device=True)
+        bad = self.buffer("bad", positions, device=True)
         labels = bottom[1].gpu_data
         dev.launch("accuracy_forward", positions, bottom[0].gpu_data, labels, num_labels, self.inner_num, self.top_k,
                    *ignore_args(self.ignore_label), correct, counts, bad)
@@ -647,12 +642,12 @@ class AccuracyLayer(Layer):
         hits, count = np.float32(dev.asum(positions, correct)), np.float32(dev.asum(positions, counts))
         top[0].data[...] = 0 if count == 0 else hits / count
         if len(top) > 1:
-            tallies = scratch(self, "_tallies_gpu", 2 * num_labels * positions)   # hits rows, then seen rows
+            tallies = self.buffer("tallies", 2 * num_labels * positions, device=True)   # hits rows, then seen rows
             n = num_labels * positions
             dev.launch("accuracy_per_class", n, labels, correct, counts, positions, tallies.at(0, n), tallies.at(n, n))
-            sums = scratch(self, "_class_sums_gpu", 2 * num_labels)
-            dev.gemv(False, 2 * num_labels, positions, 1.0, tallies, scratch(self, "_ones_gpu", positions, 1.0), 0.0,
-                     sums)
+            sums = self.buffer("class_sums", 2 * num_labels, device=True)
+            dev.gemv(False, 2 * num_labels, positions, 1.0, tallies,
+                     self.buffer("ones", positions, fill=1.0, device=True), 0.0, sums)
             class_hits, per_label = np.split(dev.to_host(sums), 2)
             top[1].data[...] = 0    # classes without a valid position
             np.divide(class_hits, per_label, out=top[1].data, where=per_label > 0)

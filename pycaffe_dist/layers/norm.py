@@ -10,7 +10,6 @@ from ..backend import lrn as lrn_kernels
 from ..proto import caffe_pb2
 from .base import Layer
 from .registry import register
-from .softmax import scratch
 
 LEGACY_4D = "Input must have 4 axes, corresponding to (num, channels, height, width)"
 
@@ -84,18 +83,18 @@ class LRNLayer(Layer):
         f32 = np.float32
         x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
         if self.across_channels:
-            scale = scratch(self, "_scale_gpu", count)
+            scale = self.buffer("scale", count, device=True)
             alpha_over_size = f32(self.alpha) / f32(self.size)    # as lrn.pyx: in the blob's precision
             dev.launch("lrn_fill_scale", num * pixels, x, channels, pixels, self.size, float(alpha_over_size),
                        self.k, scale)
             dev.launch("lrn_compute_output", count, x, scale, -self.beta, y)
         else:
-            square = scratch(self, "_square_gpu", count)
-            pooled = scratch(self, "_pooled_gpu", count)
+            square = self.buffer("square", count, device=True)
+            pooled = self.buffer("pooled", count, device=True)
             dev.launch("gpu_sqr", count, x, square)
             dev.launch("lrn_within_pool", count, square, height, width, self.size, self.size * self.size, pooled)
             dev.launch("lrn_within_output", count, x, pooled, self.alpha, -self.beta,
-                       scratch(self, "_power_gpu", count), y)
+                       self.buffer("power", count, device=True), y)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -106,12 +105,12 @@ class LRNLayer(Layer):
         x, dy = bottom[0].gpu_data, top[0].gpu_diff
         if self.across_channels:
             neg_cache_ratio = -(2.0 * self.alpha * self.beta / self.size)   # computed in double, as Caffe's
-            dev.launch("lrn_compute_diff", num * pixels, x, top[0].gpu_data, scratch(self, "_scale_gpu", count), dy,
-                       channels, pixels, self.size, -self.beta, neg_cache_ratio, bottom[0].mutable_gpu_diff)
+            dev.launch("lrn_compute_diff", num * pixels, x, top[0].gpu_data, self.buffer("scale", count, device=True),
+                       dy, channels, pixels, self.size, -self.beta, neg_cache_ratio, bottom[0].mutable_gpu_diff)
         else:
-            pooled, power = scratch(self, "_pooled_gpu", count), scratch(self, "_power_gpu", count)
-            pooled_diff = scratch(self, "_square_gpu", count)
-            square_diff = scratch(self, "_square_diff_gpu", count)
+            pooled, power = self.buffer("pooled", count, device=True), self.buffer("power", count, device=True)
+            pooled_diff = self.buffer("square", count, device=True)
+            square_diff = self.buffer("square_diff", count, device=True)
             power_scale = np.float32(-self.beta) * np.float32(self.alpha)
             dev.launch("lrn_within_power_diff", count, x, dy, pooled, power, self.alpha, float(power_scale),
                        self.size * self.size, pooled_diff)
@@ -178,14 +177,14 @@ class MVNLayer(Layer):
         rows = self._rows(bottom[0])
         count = bottom[0].count
         dim = count // rows if rows else 0
-        ones = scratch(self, "_ones_gpu", dim, 1.0)
-        mean = scratch(self, "_mean_gpu", rows)
+        ones = self.buffer("ones", dim, fill=1.0, device=True)
+        mean = self.buffer("mean", rows, device=True)
         y = top[0].mutable_gpu_data
         dev.gemv(False, rows, dim, 1.0 / dim, bottom[0].gpu_data, ones, 0.0, mean)
         dev.launch("norm_subtract_group", count, bottom[0].gpu_data, mean, rows, dim, y)
         if self.param.mvn_param.normalize_variance:
-            square = scratch(self, "_square_gpu", count)
-            std = scratch(self, "_std_gpu", rows)
+            square = self.buffer("square", count, device=True)
+            std = self.buffer("std", rows, device=True)
             dev.launch("gpu_sqr", count, y, square)
             dev.gemv(False, rows, dim, 1.0 / dim, square, ones, 0.0, std)
             dev.launch("gpu_sqrt", rows, std, std)
@@ -199,17 +198,17 @@ class MVNLayer(Layer):
         rows = self._rows(bottom[0])
         count = bottom[0].count
         dim = count // rows if rows else 0
-        ones = scratch(self, "_ones_gpu", dim, 1.0)
+        ones = self.buffer("ones", dim, fill=1.0, device=True)
         dy = top[0].gpu_diff
-        sum_dy = scratch(self, "_mean_gpu", rows)
+        sum_dy = self.buffer("mean", rows, device=True)
         if self.param.mvn_param.normalize_variance:
             y = top[0].gpu_data
-            product = scratch(self, "_square_gpu", count)
-            sum_dyy = scratch(self, "_sum_dyy_gpu", rows)
+            product = self.buffer("square", count, device=True)
+            sum_dyy = self.buffer("sum_dyy", rows, device=True)
             dev.launch("gpu_mul", count, dy, y, product)
             dev.gemv(False, rows, dim, 1.0, product, ones, 0.0, sum_dyy)
             dev.gemv(False, rows, dim, 1.0, dy, ones, 0.0, sum_dy)
-            dev.launch("norm_backward", count, dy, y, sum_dyy, sum_dy, scratch(self, "_std_gpu", rows), rows, dim,
+            dev.launch("norm_backward", count, dy, y, sum_dyy, sum_dy, self.buffer("std", rows, device=True), rows, dim,
                        -1.0 / dim, bottom[0].mutable_gpu_diff)
         else:
             dev.gemv(False, rows, dim, 1.0 / dim, dy, ones, 0.0, sum_dy)     # the mean of dy
@@ -322,10 +321,11 @@ class BatchNormLayer(Layer):
 
     def _channel_sums(self, dev, x, alpha, out, num, spatial):
         """out (channels) = alpha * sum of x (num, channels, spatial) over num and spatial."""
-        by_image = scratch(self, "_num_by_chans_gpu", num * self.channels)
-        dev.gemv(False, num * self.channels, spatial, alpha, x, scratch(self, "_spatial_ones_gpu", spatial, 1.0), 0.0,
-                 by_image)
-        dev.gemv(True, num, self.channels, 1.0, by_image, scratch(self, "_num_ones_gpu", num, 1.0), 0.0, out)
+        by_image = self.buffer("num_by_chans", num * self.channels, device=True)
+        spatial_ones = self.buffer("spatial_ones", spatial, fill=1.0, device=True)
+        dev.gemv(False, num * self.channels, spatial, alpha, x, spatial_ones, 0.0, by_image)
+        num_ones = self.buffer("num_ones", num, fill=1.0, device=True)
+        dev.gemv(True, num, self.channels, 1.0, by_image, num_ones, 0.0, out)
 
     def forward_gpu(self, bottom, top):
         dev = select.current()
@@ -333,8 +333,8 @@ class BatchNormLayer(Layer):
         spatial = count // (num * c) if num * c else 0
         f32 = np.float32
         x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
-        mean = scratch(self, "_mean_gpu", c)
-        std = scratch(self, "_std_gpu", c)          # the variance, then sqrt(variance + eps) for the backward
+        mean = self.buffer("mean", c, device=True)
+        std = self.buffer("std", c, device=True)          # the variance, then sqrt(variance + eps) for the backward
         if self.use_global_stats:
             factor = self.blobs[2].cpu_data.reshape(-1)[0]
             factor = f32(0) if factor == 0 else f32(1) / f32(factor)
@@ -344,7 +344,7 @@ class BatchNormLayer(Layer):
             self._channel_sums(dev, x, 1.0 / (num * spatial), mean, num, spatial)
         dev.launch("norm_subtract_group", count, x, mean, c, spatial, y)
         if not self.use_global_stats:
-            square = scratch(self, "_square_gpu", count)
+            square = self.buffer("square", count, device=True)
             dev.launch("gpu_sqr", count, y, square)
             self._channel_sums(dev, square, 1.0 / (num * spatial), std, num, spatial)
             # the moving averages, as _update_moving_averages
@@ -360,7 +360,7 @@ class BatchNormLayer(Layer):
         dev.launch("norm_divide_group", count, y, std, c, spatial, y)
         if not self.use_global_stats:
             # Caffe's x_norm_: later in-place layers may overwrite the top, the TRAIN backward needs it.
-            dev.copy(scratch(self, "_x_norm_gpu", count), y)
+            dev.copy(self.buffer("x_norm", count, device=True), y)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -368,15 +368,15 @@ class BatchNormLayer(Layer):
         dev = select.current()
         num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
         spatial = count // (num * c) if num * c else 0
-        std = scratch(self, "_std_gpu", c)
+        std = self.buffer("std", c, device=True)
         dy = top[0].gpu_diff
         if self.use_global_stats:
             dev.launch("norm_divide_group", count, dy, std, c, spatial, bottom[0].mutable_gpu_diff)
             return
         # dx = (dy - mean(dy) - mean(dy * y) * y) / std, y = x_norm, in the CPU path's operation order.
-        y = scratch(self, "_x_norm_gpu", count)
-        product = scratch(self, "_square_gpu", count)
-        sum_dyy, sum_dy = scratch(self, "_mean_gpu", c), scratch(self, "_sum_dy_gpu", c)
+        y = self.buffer("x_norm", count, device=True)
+        product = self.buffer("square", count, device=True)
+        sum_dyy, sum_dy = self.buffer("mean", c, device=True), self.buffer("sum_dy", c, device=True)
         dev.launch("gpu_mul", count, dy, y, product)
         self._channel_sums(dev, product, 1.0, sum_dyy, num, spatial)
         self._channel_sums(dev, dy, 1.0, sum_dy, num, spatial)

@@ -8,7 +8,6 @@ from .. import common
 from ..backend import pooling, select
 from ..proto import caffe_pb2
 from .base import Layer
-from .conv import gpu_scratch
 from .registry import register
 
 PP = caffe_pb2.PoolingParameter
@@ -32,12 +31,6 @@ def pooled_shape(sizes, kernel, stride, pad, ceil_mode=True):
     """pooled_dim over (height, width), clipping both when either axis is padded (`if (pad_h_ || pad_w_)`)."""
     return tuple(pooled_dim(s, k, st, p, ceil_mode, clip=any(pad))
                  for s, k, st, p in zip(sizes, kernel, stride, pad))
-
-
-def buffer_like(buffer, shape, dtype):
-    """An array of `shape` and `dtype`: `buffer` when it fits (kept across reshapes, as Caffe's blobs are)."""
-    fits = buffer is not None and buffer.shape == shape and buffer.dtype == dtype
-    return buffer if fits else np.empty(shape, dtype)
 
 
 def pool_forward(pool, train, x, y, index, kernel, stride, pad):
@@ -71,9 +64,9 @@ def _gpu_geometry(shape, pooled, kernel, stride):
     return (shape[2], shape[3]) + tuple(pooled) + tuple(kernel) + tuple(stride)
 
 
-def gpu_pool_forward(owner, dev, pool, train, x, y, index, shape, pooled, kernel, stride, pad):
+def gpu_pool_forward(layer, dev, pool, train, x, y, index, shape, pooled, kernel, stride, pad):
     """pool_forward on device arrays: x (N, C, H, W) of `shape` into y (N, C, *pooled); MAX and STOCHASTIC TRAIN
-    write the chosen positions into `index` (an int32 device array shaped like y)."""
+    write the chosen positions into `index` (an int32 device array shaped like y); `layer` keeps the draws."""
     n = shape[0] * shape[1] * pooled[0] * pooled[1]
     geometry = _gpu_geometry(shape, pooled, kernel, stride)
     if pool == PP.MAX:
@@ -84,7 +77,7 @@ def gpu_pool_forward(owner, dev, pool, train, x, y, index, shape, pooled, kernel
         # Caffe draws with curand; we draw on the host with the CPU path's generator and calls, so that GPU and
         # CPU pick the same inputs for the same seed.
         uniform = common.rng().random((shape[0], shape[1]) + tuple(pooled), dtype=np.float32)
-        draws = gpu_scratch(owner, "_gpu_uniform", dev, n)
+        draws = layer.buffer("uniform", n, device=True, at_least=True)
         dev.upload(draws.at(0, n), uniform)
         dev.launch("pool_stochastic_forward_train", n, x, draws, *geometry, y, index)
     else:
@@ -104,11 +97,6 @@ def gpu_pool_backward(dev, pool, train, x, dy, index, dx, shape, pooled, kernel,
         dev.launch("pool_top_mask_backward", n, dy, top_mask, *geometry, *pad, int(accumulate), dx)
     else:
         dev.launch("pool_mask_backward", n, dy, index, *geometry, *pad, int(accumulate), dx)
-
-
-def gpu_index(owner, name, dev, size):
-    """An int32 device array of at least `size` elements kept on `owner` (the windows' chosen positions)."""
-    return gpu_scratch(owner, name, dev, size, dtype=np.int32)
 
 
 @register("Pooling")
@@ -179,7 +167,7 @@ class PoolingLayer(Layer):
         for t in top:   # top[1], the MAX mask, is shaped like top[0]
             t.reshape(shape[:2] + self.pooled)
         if self.param.pooling_param.pool != PP.AVE:
-            self.index = buffer_like(self.index, top[0].shape, np.int32)
+            self.index = self.buffer("index", top[0].shape, np.int32)
 
     def forward(self, bottom, top):
         pool = self.param.pooling_param.pool
@@ -198,7 +186,7 @@ class PoolingLayer(Layer):
 
     def forward_gpu(self, bottom, top):
         dev, pool = select.current(), self.param.pooling_param.pool
-        index = gpu_index(self, "_gpu_index", dev, top[0].count) if pool != PP.AVE else None
+        index = self.buffer("index", top[0].count, np.int32, device=True, at_least=True) if pool != PP.AVE else None
         gpu_pool_forward(self, dev, pool, self.phase == caffe_pb2.TRAIN, bottom[0].gpu_data, top[0].mutable_gpu_data,
                          index, bottom[0].shape, self.pooled, self.kernel, self.stride, self.pad)
         if len(top) > 1:
@@ -210,7 +198,8 @@ class PoolingLayer(Layer):
         dev, pool = select.current(), self.param.pooling_param.pool
         # With a mask top, Caffe reads the positions back from it.
         top_mask = top[1].gpu_data if len(top) > 1 else None
-        index = gpu_index(self, "_gpu_index", dev, top[0].count) if pool != PP.AVE and top_mask is None else None
+        index = self.buffer("index", top[0].count, np.int32, device=True, at_least=True) \
+            if pool != PP.AVE and top_mask is None else None
         gpu_pool_backward(dev, pool, self.phase == caffe_pb2.TRAIN, bottom[0].gpu_data, top[0].gpu_diff, index,
                           bottom[0].mutable_gpu_diff, bottom[0].shape, self.pooled, self.kernel, self.stride,
                           self.pad, top_mask=top_mask)
@@ -245,7 +234,7 @@ class SPPLayer(Layer):
     exact_num_top = 1
     # Caffe's internal Pooling layers get a fresh LayerParameter, whose phase is TRAIN: STOCHASTIC always samples.
     train = True
-    buffers = ()   # per level: its pooled output (None with one level: that is the top), its chosen positions
+    level_outputs = ()   # per level: its pooled output (None with one level: that is the top), its chosen positions
 
     def layer_setup(self, bottom, top):
         sp = self.param.spp_param
@@ -270,12 +259,12 @@ class SPPLayer(Layer):
                            "%d bins)" % (level, pad, kernel, height, width, 2 ** level))
             pooled = pooled_shape((height, width), kernel, stride, pad)
             self.levels.append((kernel, stride, pad, pooled))
-        old, self.buffers = self.buffers, []
+        self.level_outputs = []
         for i, (_, _, _, pooled) in enumerate(self.levels):
             level_shape = (num, channels) + pooled
-            y, index = old[i] if i < len(old) else (None, None)
-            self.buffers.append((buffer_like(y, level_shape, bottom[0].dtype) if self.pyramid_height > 1 else None,
-                                 buffer_like(index, level_shape, np.int32) if pool != PP.AVE else None))
+            self.level_outputs.append(
+                (self.buffer("level%d" % i, level_shape, bottom[0].dtype) if self.pyramid_height > 1 else None,
+                 self.buffer("index%d" % i, level_shape, np.int32) if pool != PP.AVE else None))
         if self.pyramid_height == 1:
             # Caffe runs the single Pooling layer straight into the top: no flatten, a 4-axis top.
             top[0].reshape((num, channels) + self.levels[0][3])
@@ -286,10 +275,10 @@ class SPPLayer(Layer):
         pool, x = self.param.spp_param.pool, bottom[0].data
         if self.pyramid_height == 1:
             kernel, stride, pad, _ = self.levels[0]
-            pool_forward(pool, self.train, x, top[0].data, self.buffers[0][1], kernel, stride, pad)
+            pool_forward(pool, self.train, x, top[0].data, self.level_outputs[0][1], kernel, stride, pad)
             return
         offset = 0
-        for (kernel, stride, pad, _), (y, index) in zip(self.levels, self.buffers):
+        for (kernel, stride, pad, _), (y, index) in zip(self.levels, self.level_outputs):
             pool_forward(pool, self.train, x, y, index, kernel, stride, pad)
             size = y.shape[1] * y.shape[2] * y.shape[3]
             top[0].data[:, offset:offset + size] = y.reshape(y.shape[0], size)
@@ -301,13 +290,13 @@ class SPPLayer(Layer):
         pool, x, dx = self.param.spp_param.pool, bottom[0].data, bottom[0].diff
         if self.pyramid_height == 1:
             kernel, stride, pad, _ = self.levels[0]
-            pool_backward(pool, self.train, x, top[0].diff, self.buffers[0][1], dx, kernel, stride, pad)
+            pool_backward(pool, self.train, x, top[0].diff, self.level_outputs[0][1], dx, kernel, stride, pad)
             return
         # A level's windows do not overlap (stride = kernel), so accumulating level after level into dx adds
         # the same terms in the same order as Caffe's Split backward ((level0 + level1) + level2 ...).
         dx[...] = 0
         offset = 0
-        for (kernel, stride, pad, _), (y, index) in zip(self.levels, self.buffers):
+        for (kernel, stride, pad, _), (y, index) in zip(self.levels, self.level_outputs):
             size = y.shape[1] * y.shape[2] * y.shape[3]
             dy = np.ascontiguousarray(top[0].diff[:, offset:offset + size]).reshape(y.shape)
             pool_backward(pool, self.train, x, dy, index, dx, kernel, stride, pad, accumulate=True)
@@ -318,8 +307,9 @@ class SPPLayer(Layer):
         pool, out = self.param.spp_param.pool, []
         for i, (_, _, _, pooled) in enumerate(self.levels):
             size = shape[0] * shape[1] * pooled[0] * pooled[1]
-            y = gpu_scratch(self, "_gpu_level%d" % i, dev, size).at(0, size) if self.pyramid_height > 1 else None
-            index = gpu_index(self, "_gpu_index%d" % i, dev, size) if pool != PP.AVE else None
+            y = self.buffer("level%d" % i, size, device=True, at_least=True).at(0, size) \
+                if self.pyramid_height > 1 else None
+            index = self.buffer("index%d" % i, size, np.int32, device=True, at_least=True) if pool != PP.AVE else None
             out.append((y, index))
         return out
 

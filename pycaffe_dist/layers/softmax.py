@@ -1,10 +1,10 @@
 """Softmax over one axis (Caffe's softmax_layer.cpp); SoftmaxWithLoss and InfogainLoss use the same kernel.
-The GPU code (csrc/cuda/softmax.cu) follows softmax_layer.cu; SoftmaxWithLoss's GPU code calls gpu_forward too."""
+The GPU code (csrc/cuda/softmax.cu) follows softmax_layer.cu; its forward pass, gpu_helpers.gpu_softmax, is
+SoftmaxWithLoss's too."""
 from ..backend import select, softmax
-from .base import Layer, checked_axis, device_scratch
+from .base import Layer, checked_axis
+from .gpu_helpers import SOFTMAX_FLOPS_PER_ELEMENT, gpu_softmax
 from .registry import register
-
-SOFTMAX_FLOPS_PER_ELEMENT = 5   # max, subtract, exp, sum, divide
 
 
 @register("Softmax")
@@ -30,14 +30,14 @@ class SoftmaxLayer(Layer):
 
     def forward_gpu(self, bottom, top):
         outer, channels, inner = self._dims(bottom[0])
-        gpu_forward(bottom[0].gpu_data, top[0].mutable_gpu_data, outer, channels, inner,
-                    scratch(self, "_scale_gpu", outer * inner))
+        gpu_softmax(bottom[0].gpu_data, top[0].mutable_gpu_data, outer, channels, inner,
+                    self.buffer("scale", outer * inner, device=True))
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         outer, channels, inner = self._dims(top[0])
-        dot = scratch(self, "_scale_gpu", outer * inner)
+        dot = self.buffer("scale", outer * inner, device=True)
         dev = select.current()
         # softmax_layer.cu: dot = sum over channels of dy * y; dx = (dy - dot) * y (subtract and multiply fused).
         dev.launch("softmax_channel_dot", outer * inner, channels, inner, top[0].gpu_diff, top[0].gpu_data, dot)
@@ -47,22 +47,3 @@ class SoftmaxLayer(Layer):
     def flops(self, bottom, top):
         return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count
 
-
-def scratch(layer, name, size, value=None):
-    """A device array of `size` floats cached on `layer` under `name` (base.device_scratch); `value` fills a new
-    one (e.g. the ones vectors of Caffe's multipliers)."""
-    return device_scratch(layer, name, size, value)
-
-
-def gpu_forward(x, y, outer, channels, inner, scale):
-    """y = softmax of the (outer, channels, inner) device array x over its channels, as softmax_layer.cu's
-    Forward_gpu (max, subtract, exp, sum, divide); y may be x. scale: outer * inner floats of scratch."""
-    dev = select.current()
-    count = outer * channels * inner
-    if x.ptr != y.ptr:
-        dev.copy(y, x)
-    dev.launch("softmax_channel_max", outer * inner, channels, inner, y, scale)
-    dev.launch("softmax_channel_subtract", count, channels, inner, scale, y)
-    dev.launch("softmax_exp", count, y, y)
-    dev.launch("softmax_channel_sum", outer * inner, channels, inner, y, scale)
-    dev.launch("softmax_channel_div", count, channels, inner, scale, y)

@@ -2,8 +2,9 @@
 CPU code: tops, bottom diffs and parameter diffs for each layer and its settings, in place and not, Dropout's
 mask in TRAIN and its pass-through in TEST, PReLU's slope gradient accumulating into the slope diff.
 
-`compare_layer` (also used by test_shape_gpu.py) runs one layer twice on equal float32 inputs: forward/backward
-on the host, forward_gpu/backward_gpu on the device, and checks that the GPU outputs stayed on the device."""
+`compare_layer` (also used by test_shape_gpu.py and test_arithmetic_gpu.py) runs one layer twice on equal float32
+inputs: forward/backward on the host, forward_gpu/backward_gpu on the device, and checks that the GPU outputs stayed
+on the device."""
 import numpy as np
 import pytest
 

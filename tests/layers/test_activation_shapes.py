@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from pycaffe_dist import common
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.io.prototxt import parse_text
 from pycaffe_dist.layers import create_layer
@@ -26,6 +27,25 @@ def extra(layer_type):
     return 'clip_param { min: -1 max: 1 }' if layer_type == "Clip" else ""
 
 
+# Forward FLOPs per element with the default parameters in TRAIN (a multiply-add counts 2).
+FLOPS_PER_ELEMENT = {
+    "ReLU": 1,          # max(x, 0); no negative slope
+    "PReLU": 3,         # max(x, 0) + a * min(x, 0)
+    "ELU": 4,           # compare, exp, -1, * alpha
+    "Sigmoid": 4,       # 0.5 * tanh(0.5 x) + 0.5
+    "TanH": 1,
+    "AbsVal": 1,
+    "BNLL": 4,          # x + log(1 + exp(-x)) or log(1 + exp(x))
+    "Power": 0,         # power 1, scale 1, shift 0: y = x, nothing computed
+    "Exp": 3,           # multiply-add of the input, exp
+    "Log": 3,
+    "Threshold": 1,
+    "Dropout": 2,       # TRAIN: compare the draw, scale
+    "Clip": 2,          # max(min, min(x, max))
+    "Swish": 6,         # beta * x, sigmoid (4), * x
+}
+
+
 @pytest.mark.parametrize("name", cases_of(*NEURON_TYPES))
 def test_golden_shapes(name):
     check_case_shapes(name)
@@ -40,7 +60,7 @@ def test_top_has_bottom_shape(layer_type, shape):
         return
     layer, bottom, top = make('type: "%s" %s' % (layer_type, extra(layer_type)), shape)
     assert top[0].shape == shape
-    assert layer.flops(bottom, top) >= 0
+    assert layer.flops(bottom, top) == FLOPS_PER_ELEMENT[layer_type] * bottom[0].count
     assert not layer.is_loss
 
 
@@ -54,10 +74,22 @@ def test_exactly_one_bottom_and_top(layer_type):
 
 @pytest.mark.parametrize("layer_type", [t for t in NEURON_TYPES if t != "AbsVal"])
 def test_in_place_allowed(layer_type):
-    lp = parse_text('name: "l" type: "%s" %s' % (layer_type, extra(layer_type)), caffe_pb2.LayerParameter())
-    blob = Blob((2, 3, 4))
-    create_layer(lp).setup([blob], [blob])
-    assert blob.shape == (2, 3, 4)
+    """Set up with one blob as bottom and top, the layer computes into it what it computes into a top of its own."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    if layer_type == "Log":
+        x = np.abs(x) + np.float32(0.5)     # in its domain
+    text = 'name: "l" type: "%s" %s' % (layer_type, extra(layer_type))
+    outputs = []
+    for in_place in (False, True):
+        blob = Blob(x.shape)
+        blob.data[...] = x
+        top = blob if in_place else Blob()
+        layer = create_layer(parse_text(text, caffe_pb2.LayerParameter()), caffe_pb2.TRAIN)
+        layer.setup([blob], [top])
+        common.set_random_seed(7)          # Dropout draws its mask: the same draws both times
+        layer.forward([blob], [top])
+        outputs.append(top.data.copy())
+    np.testing.assert_array_equal(outputs[1], outputs[0])
 
 
 def test_absval_refuses_in_place():
