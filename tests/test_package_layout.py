@@ -212,3 +212,51 @@ def test_mode_options_are_declared_once():
                 "option %s declared by %s and by %s" % (option.name, declared[option.name], mode)
             declared[option.name] = option
     assert {"tau", "factor", "max_advance", "weedout", "moving_rate", "overlap"} <= set(declared)
+
+
+TESTS = PACKAGE.parent / "tests"
+
+
+def listed_exceptions():
+    """The test files tests/README.md lists as testing across modules (a table row per file or pattern)."""
+    import re
+    text = (TESTS / "README.md").read_text()
+    return re.findall(r"^\| `([^`]+\.py)`", text, re.M)
+
+
+def follows_the_naming_rule(path, exceptions):
+    """Whether tests/<package>/test_<module>[_<aspect>].py names a module of pycaffe_dist/<package> (see
+    tests/README.md), or the file is one of the listed exceptions."""
+    import fnmatch
+    rel = path.relative_to(TESTS.parent).as_posix()
+    if any(fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(path.name, pattern) for pattern in exceptions):
+        return True
+    stem = path.stem[len("test_"):]
+    folder = path.parent.relative_to(TESTS).as_posix()
+    modules = set(MODULES) | {name[:-len(".py")].replace("/", ".") for name in GENERATED}
+    if folder == "gpu":
+        if not stem.endswith("_gpu"):
+            return False
+        stem, names = stem[:-len("_gpu")], {name.split(".")[-1] for name in modules}
+    else:
+        prefix = "" if folder == "." else folder.replace("/", ".") + "."
+        names = {name[len(prefix):].split(".")[0] for name in modules if name.startswith(prefix) and name != prefix}
+    return any(stem == name or stem.startswith(name + "_") for name in names if name != "__init__")
+
+
+def test_every_test_file_follows_the_naming_rule():
+    exceptions = listed_exceptions()
+    assert "tests/test_package_layout.py" in exceptions and "test_golden_*.py" in exceptions
+    wrong = [p.relative_to(TESTS.parent).as_posix() for p in sorted(TESTS.rglob("test_*.py"))
+             if not follows_the_naming_rule(p, exceptions)]
+    assert not wrong, "test files named after no module (tests/README.md says how to name them): " + ", ".join(wrong)
+
+
+def test_the_naming_rule_can_fail():
+    exceptions = listed_exceptions()
+    assert follows_the_naming_rule(TESTS / "layers" / "test_pool_shapes.py", exceptions)
+    assert follows_the_naming_rule(TESTS / "gpu" / "test_conv_gpu.py", exceptions)
+    assert not follows_the_naming_rule(TESTS / "layers" / "test_shaping.py", [])
+    assert not follows_the_naming_rule(TESTS / "layers" / "test_poolish.py", exceptions)
+    assert not follows_the_naming_rule(TESTS / "gpu" / "test_conv.py", exceptions)
+    assert not follows_the_naming_rule(TESTS / "io" / "test_binaryproto.py", exceptions)

@@ -5,7 +5,7 @@ checks) costs no memory. Like Caffe's SyncedMemory, fresh memory is zero; a resh
 keeps the values. A parameter blob may carry an initializer (its filler) that runs on that first access, unless
 weights are loaded into it first.
 
-Data and diff each live in a SyncedMemory (net/synced_memory.py) with a host and a device copy: `data`/`diff` are
+Data and diff each live in a SyncedMemory (synced_memory.py) with a host and a device copy: `data`/`diff` are
 the host arrays (reading or writing them makes the host copy current), `cpu_data`/`cpu_diff` read the host copy
 without claiming it, and `gpu_data`/`gpu_diff` (read) and `mutable_gpu_data`/`mutable_gpu_diff` (write) are the
 device copies, as Caffe's Blob accessors of the same names.
@@ -99,6 +99,17 @@ class Blob:
     channels = property(lambda self: self._legacy(1))
     height = property(lambda self: self._legacy(2))
     width = property(lambda self: self._legacy(3))
+
+    @property
+    def data_memory(self):
+        """The SyncedMemory holding the data (its `head` says which copy is current), or None while unallocated:
+        Caffe's Blob::data()."""
+        return self._data
+
+    @property
+    def diff_memory(self):
+        """The SyncedMemory holding the diff, or None while unallocated: Caffe's Blob::diff()."""
+        return self._diff
 
     def _data_mem(self):
         if self._data is None:

@@ -370,7 +370,8 @@ class _BaseConvolution(Layer):
             else:
                 self.engine.output_to_image(w, dy, ims_out=dx, dw=dw, ims_in=x)
 
-    def _gpu_engine(self):
+    def gpu_engine(self):
+        """The device engine for the current shapes (the CPU's is self.engine), made again when they change."""
         if getattr(self, "_gpu_engine_key", None) != self._engine_key:
             self._gpu_engine_key = self._engine_key
             im_shape, out_channels = self._engine_key
@@ -379,7 +380,7 @@ class _BaseConvolution(Layer):
         return self._gpu
 
     def forward_gpu(self, bottom, top):
-        dev, engine = select.current(), self._gpu_engine()
+        dev, engine = select.current(), self.gpu_engine()
         w, spatial = self.blobs[0].gpu_data, count(self.output_spatial)
         for b, t in zip(bottom, top):
             x, y = b.gpu_data, t.mutable_gpu_data
@@ -391,7 +392,7 @@ class _BaseConvolution(Layer):
                 gpu_add_bias(self, dev, self.blobs[1].gpu_data, y, self.num, self.num_output, spatial)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        dev, engine = select.current(), self._gpu_engine()
+        dev, engine = select.current(), self.gpu_engine()
         w = self.blobs[0].gpu_data
         want_w = self.param_propagate_down[0]
         want_b = self.bias_term and self.param_propagate_down[1]

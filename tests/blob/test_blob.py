@@ -9,7 +9,7 @@ from pycaffe_dist.proto import caffe_pb2
 
 def test_lazy_allocation_and_reshape_keeps_values_when_count_is_kept():
     blob = Blob((2, 3))
-    assert blob._data is None and blob.count == 6
+    assert blob.data_memory is None and blob.count == 6
     blob.data[...] = np.arange(6).reshape(2, 3)
     blob.reshape(3, 2)
     assert blob.data.tolist() == [[0, 1], [2, 3], [4, 5]]

@@ -93,5 +93,5 @@ def test_lazy_filler_runs_in_layer_order_for_reproducibility():
     np.testing.assert_array_equal(first, second)
     common.set_random_seed(3)
     lazy = Net(param, fill_params=False)
-    assert lazy.layers[1].blobs[0]._data is None
+    assert lazy.layers[1].blobs[0].data_memory is None
     np.testing.assert_array_equal(lazy.layers[1].blobs[0].data, first)

@@ -63,7 +63,7 @@ def _run(text, bottoms, top_diffs, on_gpu, phase, num_tops, in_place, propagate_
     if on_gpu:
         layer.forward_gpu(bottom, top)
         if on_device is True:
-            assert all(t._data.head == synced_memory.DEVICE for t in top), "the GPU forward left its tops on the host"
+            assert all(t.data_memory.head == synced_memory.DEVICE for t in top), "the GPU forward left its tops on the host"
     else:
         layer.forward(bottom, top)
     out = {"top %d" % i: t.data.copy() for i, t in enumerate(top)}
@@ -78,7 +78,7 @@ def _run(text, bottoms, top_diffs, on_gpu, phase, num_tops, in_place, propagate_
         current = (synced_memory.DEVICE, synced_memory.SYNCED) if in_place else (synced_memory.DEVICE,)
         if on_device:
             for b, d in zip(bottom, down):
-                assert not d or b._diff.head in current, "the GPU backward left a bottom diff on the host"
+                assert not d or b.diff_memory.head in current, "the GPU backward left a bottom diff on the host"
     else:
         layer.backward(top, down, bottom)
     out.update(("bottom diff %d" % i, b.diff.copy()) for i, b in enumerate(bottom))

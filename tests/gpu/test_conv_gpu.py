@@ -51,7 +51,7 @@ def run_on_both(text, bottoms, phase=caffe_pb2.TRAIN, num_tops=1, propagate_down
         layer.reshape(bottom, top)
         (layer.forward_gpu if gpu else layer.forward)(bottom, top)
         if gpu:
-            assert top[0]._data.head == synced_memory.DEVICE, "the GPU forward did not run on the device"
+            assert top[0].data_memory.head == synced_memory.DEVICE, "the GPU forward did not run on the device"
     (cpu_layer, cpu_bottom, cpu_top), (gpu_layer, gpu_bottom, gpu_top) = runs
     for i, (c, g) in enumerate(zip(cpu_top, gpu_top)):
         assert_same(g.data, c.data, "top %d" % i, exact, tol)
@@ -70,7 +70,7 @@ def run_on_both(text, bottoms, phase=caffe_pb2.TRAIN, num_tops=1, propagate_down
         (layer.backward_gpu if gpu else layer.backward)(top, down, bottom)
     for i, (c, g) in enumerate(zip(cpu_bottom, gpu_bottom)):
         if down[i]:
-            assert g._diff.head == synced_memory.DEVICE, "the GPU backward did not run on the device"
+            assert g.diff_memory.head == synced_memory.DEVICE, "the GPU backward did not run on the device"
         assert_same(g.diff, c.diff, "bottom %d diff" % i, exact, tol)
     for i, (c, g) in enumerate(zip(cpu_layer.blobs, gpu_layer.blobs)):
         assert_same(g.diff, c.diff, "param %d diff" % i, exact, tol)
@@ -151,7 +151,7 @@ def test_chunked_batches(gpu, monkeypatch, kind, extra, buffer_bytes):
     monkeypatch.setattr(conv_layers, "GPU_BUFFER_BYTES", buffer_bytes)
     layer, _, _ = run_on_both(conv_text(kind, extra, num_output=6),
                               [data(5, 3, 5, 6) if kind == "Convolution" else data(5, 6, 5, 6)])
-    engine = layer._gpu_engine()
+    engine = layer.gpu_engine()
     assert engine.chunk_limit == max(1, buffer_bytes // (4 * engine.unroll.col_count))
     assert engine.dw_chunk_limit == max(1, buffer_bytes // (4 * engine.weight_count))
 
@@ -244,10 +244,10 @@ def test_a_net_trains_its_convolutions_on_the_device(gpu):
     net.blobs["data"].data[...] = x
     net.forward()
     for name in ("conv", "pool"):         # (forward() hands the output "ip" back on the host)
-        assert net.blobs[name]._data.head == synced_memory.DEVICE, name
+        assert net.blobs[name].data_memory.head == synced_memory.DEVICE, name
     net.blobs["ip"].diff[...] = 1
     net.backward()
-    assert net.blobs["conv"]._diff.head == synced_memory.DEVICE
+    assert net.blobs["conv"].diff_memory.head == synced_memory.DEVICE
     got_ip, got_dx = net.blobs["ip"].data.copy(), net.blobs["data"].diff.copy()
     got_dw = net.params["conv"][0].diff.copy()
     common.set_mode_cpu()

@@ -69,9 +69,9 @@ def run_both(text, inputs, phase=caffe_pb2.TRAIN, num_tops=1, in_place=False, to
             if gpu:
                 # The device read the input; it wrote the top there too, except the scalars that loss layers and
                 # Accuracy write on the host (Caffe's top[0]->mutable_cpu_data()[0] = ...).
-                assert bottom[0]._data.head in ON_DEVICE, "the forward did not read its input on the device"
+                assert bottom[0].data_memory.head in ON_DEVICE, "the forward did not read its input on the device"
                 if not (layer.is_loss or layer.type == "Accuracy"):
-                    assert top[0]._data.head == synced_memory.DEVICE, "the forward did not run on the device"
+                    assert top[0].data_memory.head == synced_memory.DEVICE, "the forward did not run on the device"
             if not backward:
                 continue
             if layer.is_loss:
@@ -82,7 +82,7 @@ def run_both(text, inputs, phase=caffe_pb2.TRAIN, num_tops=1, in_place=False, to
                     blob.diff[...] = (top_diffs[i] if top_diffs else gaussian(blob.shape, seed=7 + i + step))
             (layer.backward_gpu if gpu else layer.backward)(top, down, bottom)
             if gpu and down[0]:
-                assert bottom[0]._diff.head == synced_memory.DEVICE, "the backward did not run on the device"
+                assert bottom[0].diff_memory.head == synced_memory.DEVICE, "the backward did not run on the device"
         runs.append(Run(layer, bottom, top))
     return runs
 

@@ -153,12 +153,12 @@ def test_net_runs_on_the_device_and_equals_the_cpu(gpu, tmp_path):
     ours = _net_run(path, weights, seed=9)
     assert "Split" in [layer.param.type for layer in ours.layers]
     for name in ("cat", "s1", "t", "m", "c", "p", "q", "out"):
-        assert ours.blobs[name]._data.head in (synced_memory.DEVICE, synced_memory.SYNCED), name
+        assert ours.blobs[name].data_memory.head in (synced_memory.DEVICE, synced_memory.SYNCED), name
     for name in ("cat", "m", "p", "out"):
-        assert ours.blobs[name]._data.head == synced_memory.DEVICE, name
+        assert ours.blobs[name].data_memory.head == synced_memory.DEVICE, name
     ours.backward()     # (pycaffe's backward returns the input diffs "a" and "b" as host arrays)
     for name in ("cat", "s1", "t", "m", "c", "p", "q"):
-        assert ours.blobs[name]._diff.head == synced_memory.DEVICE, name
+        assert ours.blobs[name].diff_memory.head == synced_memory.DEVICE, name
     tol = tolerance(gpu)
     for name in cpu.blobs:
         np.testing.assert_allclose(ours.blobs[name].data, cpu.blobs[name].data, err_msg=name + " data", **tol)

@@ -361,8 +361,8 @@ def test_setting_up_a_net_allocates_nothing():
     forward time."""
     net = GraphNet(parse_text(NET, caffe_pb2.NetParameter()), fill_params=False)
     for name in ("x", "cont", "h"):
-        assert net.blob_by_name(name)._data is None and net.blob_by_name(name)._diff is None
-    assert all(b._data is None for b in net.layers[net.layer_index("lstm")].blobs)
+        assert net.blob_by_name(name).data_memory is None and net.blob_by_name(name).diff_memory is None
+    assert all(b.data_memory is None for b in net.layers[net.layer_index("lstm")].blobs)
 
 
 def test_debug_info_logs_the_unrolled_net(caplog):

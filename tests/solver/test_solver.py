@@ -299,7 +299,7 @@ def test_solver_computes_where_the_process_mode_says_not_where_solver_mode_does(
     s = Solver(solver_param(tmp_path, "solver_mode: GPU device_id: 1"))
     s.step(1)
     assert s.iter == 1 and not caplog.records
-    assert s.net.learnable_params[0]._data.head == synced_memory.HOST
+    assert s.net.learnable_params[0].data_memory.head == synced_memory.HOST
 
 
 def test_the_solver_builds_nets_of_its_net_class(tmp_path):

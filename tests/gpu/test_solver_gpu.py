@@ -39,7 +39,7 @@ def test_gpu_run_equals_cpu_run(gpu, case, tmp_path, monkeypatch):
     gpu.allocator._alloc = counting
     # The weights, the history and the gradients never left the device during training.
     for blob in on_gpu.net.learnable_params:
-        assert blob._data.head == synced_memory.DEVICE and blob._diff.head == synced_memory.DEVICE
+        assert blob.data_memory.head == synced_memory.DEVICE and blob.diff_memory.head == synced_memory.DEVICE
     on_gpu.step(7)
     assert main_thread_allocations == [], "device memory allocated after iteration 5 (tests at 5 and 10 included)"
     # Emulated: the same float operations as the CPU path (tolerance for BLAS summation order); a real GPU

@@ -78,22 +78,22 @@ def test_vector_blas(gpu):
 
 def test_blob_copies_move_only_on_transitions(gpu):
     blob = Blob((2, 3))
-    assert blob._data is None                      # nothing allocated before the first access
+    assert blob.data_memory is None                      # nothing allocated before the first access
     gpu_zero = gpu.to_host(blob.gpu_data)          # fresh memory is zero on the device too
-    assert (gpu_zero == 0).all() and blob._data.head == sm.DEVICE
+    assert (gpu_zero == 0).all() and blob.data_memory.head == sm.DEVICE
     blob.data[...] = np.arange(6).reshape(2, 3)    # host write: the device copy is stale
-    assert blob._data.head == sm.HOST
+    assert blob.data_memory.head == sm.HOST
     device_copy = blob.gpu_data                    # read: uploaded once, both current
-    assert blob._data.head == sm.SYNCED
+    assert blob.data_memory.head == sm.SYNCED
     np.testing.assert_array_equal(gpu.to_host(device_copy), np.arange(6))
     gpu.launch("gpu_scale", 6, 10.0, blob.gpu_data, blob.mutable_gpu_data)
-    assert blob._data.head == sm.DEVICE
+    assert blob.data_memory.head == sm.DEVICE
     np.testing.assert_array_equal(blob.cpu_data, 10 * np.arange(6).reshape(2, 3))
-    assert blob._data.head == sm.SYNCED            # a read-only host access keeps the device copy current
+    assert blob.data_memory.head == sm.SYNCED            # a read-only host access keeps the device copy current
     blob.reshape(3, 2)                             # same count: the memory (and its state) stays
-    assert blob._data.head == sm.SYNCED
+    assert blob.data_memory.head == sm.SYNCED
     blob.reshape(4, 2)
-    assert blob._data is None
+    assert blob.data_memory is None
 
 
 def test_shared_and_float64_blobs(gpu):
