@@ -260,3 +260,28 @@ def test_the_naming_rule_can_fail():
     assert not follows_the_naming_rule(TESTS / "layers" / "test_poolish.py", exceptions)
     assert not follows_the_naming_rule(TESTS / "gpu" / "test_conv.py", exceptions)
     assert not follows_the_naming_rule(TESTS / "io" / "test_binaryproto.py", exceptions)
+
+
+# What solver/solver.py offers the distributed side (its section "what the distributed modes use").
+SOLVER_API = {"weights", "weight_names", "images_per_iteration", "step_from", "compute_gradients", "apply_gradients",
+              "test_at", "snapshot_at", "restore", "history_sets", "set_position", "position"}
+
+
+def solver_uses(source, label):
+    """`solver.x` / `self.solver.x` reads and writes in a module, x outside SOLVER_API."""
+    found = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Attribute) and node.attr not in SOLVER_API:
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id == "solver" or \
+                    isinstance(owner, ast.Attribute) and owner.attr == "solver":
+                found.append("%s:%d solver.%s" % (label, node.lineno, node.attr))
+    return found
+
+
+def test_the_distributed_side_uses_only_the_solvers_api():
+    found = [f for name, path in MODULES.items() if name.startswith("distributed")
+             for f in solver_uses(path.read_text(), name)]
+    assert not found, "the distributed side reaches into the Solver:\n" + "\n".join(found)
+    assert solver_uses("def f(solver):\n    solver.iter = 3\n    return solver.weights\n", "probe") == \
+        ["probe:2 solver.iter"]

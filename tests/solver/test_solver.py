@@ -331,3 +331,68 @@ def test_pycaffe_solver_classes(tmp_path):
     assert np.shares_memory(other.params["ip"][0].data, s.net.params["ip"][0].data)
     s.solve()
     assert s.iter == 4 and (tmp_path / "solver_iter_4.caffemodel").exists()   # snapshot_prefix from the file name
+
+
+# --- the API the distributed modes drive the Solver through ----------------------------------------------------
+
+def constant_data(p):
+    """DummyData of constant values: every batch the same, so that two solvers see the same gradients."""
+    for filler in p.net_param.layer[0].dummy_data_param.data_filler:
+        filler.type, filler.value = "constant", 0.3
+    return p
+
+
+def test_apply_gradients_is_the_update_step_makes(tmp_path):
+    """compute_gradients at the weights, then apply_gradients at iteration k: the weights and history of step(1)
+    from k (the rate, momentum and weight decay at that iteration); the weights do not move in between."""
+    text = "gamma: 0.5 stepvalue: 2 stepvalue: 4"
+    one, two = (Solver(constant_data(solver_param(tmp_path, text, lr_policy="multistep"))) for _ in range(2))
+    for a, b in zip(one.weights, two.weights):
+        b[...] = a
+    one.step(3)
+    two.set_position(0, 0)
+    for iteration in range(3):
+        before = [w.copy() for w in two.weights]
+        gradients, loss = two.compute_gradients()
+        assert all(np.array_equal(w, b) for w, b in zip(two.weights, before)) and np.isfinite(loss)
+        two.apply_gradients(gradients, iteration)
+    assert two.position == one.position == (3, 1)
+    for a, b in zip(one.weights, two.weights):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(one.history, two.history):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_step_from_runs_the_iterations_after_k(tmp_path):
+    """step_from(k, n) from the same weights: what a solver that had made k updates would do next (the rate of
+    multistep's step at k), and its position after."""
+    text = "gamma: 0.5 stepvalue: 2 stepvalue: 4"
+    whole, later = (Solver(constant_data(solver_param(tmp_path, text, lr_policy="multistep", momentum=0)))
+                    for _ in range(2))
+    whole.step(4)
+    for a, b in zip(whole.weights, later.weights):
+        b[...] = a
+    loss = later.step_from(4, 2)
+    whole.step(2)
+    assert later.position == whole.position == (6, 2) and later.rate == whole.rate == np.float32(0.0025)
+    assert loss == pytest.approx(float(whole.smoothed_loss), rel=1e-6)
+    for a, b in zip(whole.weights, later.weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_test_and_snapshot_at_an_iteration_and_restore_without_moving_data(tmp_path, caplog):
+    p = solver_param(tmp_path, "test_iter: 2 test_interval: 100 type: 'Adam'")
+    s = Solver(p)
+    s.step(2)
+    scores = s.test_at(40)
+    assert [name for name, _ in scores[0]] == ["loss"] and np.isfinite(scores[0][0][1])
+    model, state = s.snapshot_at(40)
+    assert model.endswith("snap_iter_40.caffemodel") and state.endswith("snap_iter_40.solverstate")
+    assert [len(h) for h in s.history_sets()] == [2, 2] and s.history_sets()[1][0] is s.history[2]
+    other = Solver(p)
+    with caplog.at_level(logging.INFO, "pycaffe_dist.solver"):
+        other.restore(state, data_position=False)
+    assert other.position == (40, 0) and "Resuming" not in caplog.text       # the data stayed where they were
+    for a, b in zip(s.weights, other.weights):
+        np.testing.assert_array_equal(a, b)
+    assert other.weight_names() == ["ip/0", "ip/1"] and other.images_per_iteration == 8
