@@ -67,53 +67,18 @@ cdef extern from "conv_direct.h" nogil:
     void pcd_forward_direct(const pcd_forward_sums* s, int images)
 
 
-cdef extern from *:
-    """
-    #include <stdio.h>
-    #include <stdlib.h>
-    /* This thread's buffer of at least `floats` floats (slot 0: sgemm.h's packing space, slot 1: padded
-       images, slot 2: padded output diffs), kept for the thread's life: a convolution calls the GEMM per chunk,
-       and fresh megabytes per call would cost their page faults every time. */
-    static float* pcd_thread_buffer(int slot, size_t floats) {
-        static __thread float* buffers[3];
-        static __thread size_t sizes[3];
-        if (sizes[slot] < floats) {
-            free(buffers[slot]);
-            buffers[slot] = (float*)malloc(floats * sizeof(float));
-            sizes[slot] = buffers[slot] ? floats : 0;
-            if (!buffers[slot]) { fprintf(stderr, "pycaffe_dist convgemm: out of memory\\n"); abort(); }
-        }
-        return buffers[slot];
-    }
-    """
-    float* pcd_thread_buffer(int slot, size_t floats) noexcept nogil
+cdef extern from "thread_buffer.h" nogil:
+    # this thread's buffer of at least `floats` floats, kept for the thread's life (slot 0: sgemm.h's packing
+    # space, slot 1: padded images, slot 2: padded output diffs)
+    float* pcd_thread_buffer(int slot, size_t floats)
 
 
-cdef extern from *:
-    """
-    /* Runs of the 2-D unroll and fold: whole 32-byte blocks as one unaligned vector load and store (or add)
-       each, then the tail. A runtime-length loop costs an alias check, a vector loop and an epilogue per run,
-       too much for LeNet's 8-value runs. __restrict: a run never overlaps its source. */
-    #define PCD_RUNS(copy, add, real)                                                                            \
-    static inline void copy(real* __restrict dst, const real* __restrict src, int n) {                          \
-        int i = 0;                                                                                              \
-        for (; i + (int)(32 / sizeof(real)) <= n; i += 32 / sizeof(real)) __builtin_memcpy(dst + i, src + i, 32); \
-        for (; i < n; i++) dst[i] = src[i];                                                                     \
-    }                                                                                                           \
-    static inline void add(real* __restrict dst, const real* __restrict src, int n) {                           \
-        typedef real block __attribute__((vector_size(32), aligned(sizeof(real)), may_alias));                 \
-        int i = 0;                                                                                              \
-        for (; i + (int)(32 / sizeof(real)) <= n; i += 32 / sizeof(real))                                       \
-            *(block*)(dst + i) = *(const block*)(dst + i) + *(const block*)(src + i);                           \
-        for (; i < n; i++) dst[i] += src[i];                                                                    \
-    }
-    PCD_RUNS(pcd_copy_run_f, pcd_add_run_f, float)
-    PCD_RUNS(pcd_copy_run_d, pcd_add_run_d, double)
-    """
-    void pcd_copy_run_f(float* dst, const float* src, int n) noexcept nogil
-    void pcd_add_run_f(float* dst, const float* src, int n) noexcept nogil
-    void pcd_copy_run_d(double* dst, const double* src, int n) noexcept nogil
-    void pcd_add_run_d(double* dst, const double* src, int n) noexcept nogil
+cdef extern from "row_runs.h" nogil:
+    # runs of consecutive values, for the 2-D unroll and fold below (whole 32-byte blocks, then the tail)
+    void pcd_copy_run_f(float* dst, const float* src, int n)
+    void pcd_add_run_f(float* dst, const float* src, int n)
+    void pcd_copy_run_d(double* dst, const double* src, int n)
+    void pcd_add_run_d(double* dst, const double* src, int n)
 
 
 cdef inline void _copy_run(real* dst, const real* src, int n) noexcept nogil:
