@@ -1,5 +1,5 @@
 /* Copies and adds of runs of consecutive float or double values, for the 2-D unroll (im2col) and fold (col2im)
-   of one image in csrc/convgemm.pyx, where each output row of a kernel tap is one run. A header, declared to
+   of one image in csrc/conv_pass.pxi, where each output row of a kernel tap is one run. A header, declared to
    Cython where it is used, so that the C reads and compiles as C. */
 #ifndef PCD_ROW_RUNS_H
 #define PCD_ROW_RUNS_H

@@ -1,5 +1,5 @@
-/* Per-thread scratch buffers of the float32 convolution passes (csrc/convgemm.pyx): the GEMM's packing space and
-   the padded copies of images and output diffs. A header, declared to Cython where it is used, so that the C
+/* Per-thread scratch buffers of the float32 convolution passes (csrc/conv_fused.pyx): the GEMM's packing space
+   and the padded copies of images and output diffs. A header, declared to Cython where it is used, so that the C
    reads and compiles as C. */
 #ifndef PCD_THREAD_BUFFER_H
 #define PCD_THREAD_BUFFER_H
@@ -15,7 +15,7 @@ static float* pcd_thread_buffer(int slot, size_t floats) {
         free(buffers[slot]);
         buffers[slot] = (float*)malloc(floats * sizeof(float));
         sizes[slot] = buffers[slot] ? floats : 0;
-        if (!buffers[slot]) { fprintf(stderr, "pycaffe_dist convgemm: out of memory\n"); abort(); }
+        if (!buffers[slot]) { fprintf(stderr, "pycaffe_dist conv_fused: out of memory\n"); abort(); }
     }
     return buffers[slot];
 }
