@@ -15,6 +15,7 @@ PYCAFFE_DIST_NVCC=0 to skip that). Without nvcc the package still installs and c
 import importlib.util
 import os
 import pathlib
+import re
 
 import numpy as np
 from Cython.Build import cythonize
@@ -24,9 +25,25 @@ from setuptools.command.build_ext import build_ext
 CSRC = pathlib.Path(__file__).parent / "csrc"
 only = {s for s in os.environ.get("PYCAFFE_DIST_KERNELS", "").split(",") if s}
 march = os.environ.get("PYCAFFE_DIST_MARCH", "native")
+
+
+def _headers(pyx):
+    """The csrc headers a module reaches: named in its .pyx or in a .pxi it includes, or included by such a header.
+    They are the extension's depends, so that editing one rebuilds the modules that use it (cythonize adds only the
+    headers named in the Cython sources)."""
+    found, todo = set(), [pyx]
+    while todo:
+        for name in re.findall(r'(?:include|extern from)\s+"([^"]+)"', todo.pop().read_text()):
+            path = CSRC / name
+            if path.exists() and path not in found:
+                found.add(path)
+                todo.append(path)
+    return sorted(str(path.relative_to(CSRC.parent)) for path in found if path.suffix == ".h")
+
+
 extensions = [
     Extension("pycaffe_dist._kernels.%s" % pyx.stem, [str(pyx.relative_to(CSRC.parent))],
-              include_dirs=[np.get_include()],
+              include_dirs=[np.get_include(), str(CSRC)], depends=_headers(pyx),
               extra_compile_args=["-O3", "-fopenmp", "-march=" + march, "-ffp-contract=off"],
               extra_link_args=["-fopenmp"],
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])

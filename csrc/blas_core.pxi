@@ -1,7 +1,7 @@
 # The GEMM every CPU kernel calls without the GIL: numpy's ILP64 OpenBLAS, else scipy's LP64 cython_blas, both
 # through function pointers that pycaffe_dist/backend/blas.py finds and hands over (`use_blas`) as it loads the
 # module. Not cimported from scipy.linalg.cython_blas: loading the module would import scipy.linalg, 0.3-0.5 s of
-# every process's start. Included by convgemm.pyx and gemm.pyx after the `real` fused type (each module holds
+# every process's start. Included by conv_im2col.pyx and gemm.pyx after the `real` fused type (each module holds
 # its own pointers).
 from libc.stdint cimport int64_t
 

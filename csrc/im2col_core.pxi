@@ -1,23 +1,21 @@
-# The nogil cores of im2col / col2im (Caffe's im2col_cpu, col2im_cpu, im2col_nd_core_cpu) and the geometry helpers,
-# included by im2col.pyx (the Python entry points) and convgemm.pyx (which unrolls and multiplies chunk by chunk).
+# The nogil cores of im2col / col2im (Caffe's im2col_cpu, col2im_cpu, im2col_nd_core_cpu) with their geometry
+# (im2col_geometry.pxi), included by im2col.pyx (the Python entry points) and conv_im2col.pyx (which unrolls and
+# multiplies chunk by chunk).
 from libc.string cimport memcpy, memset
 
 ctypedef fused real:
     float
     double
 
+include "im2col_geometry.pxi"
+
 cdef enum:
-    MAX_AXES = 32  # Caffe's kMaxBlobAxes
     PARALLEL_MIN = 65536  # elements to copy before threads pay for their start-up (and for a busy machine)
 
 
 cdef inline bint _inside(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
     # Caffe's is_a_ge_zero_and_a_lt_b: 0 <= a < b
     return 0 <= a < b
-
-
-cdef inline int _out_dim(int size, int kernel, int pad, int stride, int dilation) noexcept nogil:
-    return (size + 2 * pad - (dilation * (kernel - 1) + 1)) // stride + 1  # C truncation (cdivision)
 
 
 cdef inline void _valid_range(int offset, int stride, int size, int output, int* lo, int* hi) noexcept nogil:
@@ -145,36 +143,6 @@ cdef void _im2col_nd_core(const real* data_input, bint im2col, int num_axes, con
                     d_iter[d_i] += 1
                     incremented = True
                     break
-
-
-cdef int _geometry(tuple im_shape, tuple kernel, tuple pad, tuple stride, tuple dilation,
-                   int* c_im, int* c_col, int* c_kernel, int* c_pad, int* c_stride, int* c_dilation) except -1:
-    """Copy the shapes into C arrays and compute the column shape; returns the number of spatial axes."""
-    cdef int n = len(im_shape) - 1, i
-    if n < 1 or n >= MAX_AXES:
-        raise ValueError("im2col needs 1 to %d spatial axes, got image shape %r" % (MAX_AXES - 1, im_shape))
-    if not len(kernel) == len(pad) == len(stride) == len(dilation) == n:
-        raise ValueError("kernel/pad/stride/dilation need one value per spatial axis (%d)" % n)
-    c_im[0] = im_shape[0]
-    c_col[0] = im_shape[0]
-    for i in range(n):
-        c_im[i + 1], c_kernel[i], c_pad[i] = im_shape[i + 1], kernel[i], pad[i]
-        c_stride[i], c_dilation[i] = stride[i], dilation[i]
-        # (Caffe accepts dilation 0: every tap reads the same pixel)
-        if c_kernel[i] < 1 or c_stride[i] < 1 or c_dilation[i] < 0 or c_pad[i] < 0 or c_im[i + 1] < 0:
-            raise ValueError("bad im2col geometry: kernel %r pad %r stride %r dilation %r"
-                             % (kernel, pad, stride, dilation))
-        c_col[0] *= c_kernel[i]
-        c_col[i + 1] = _out_dim(c_im[i + 1], c_kernel[i], c_pad[i], c_stride[i], c_dilation[i])
-    return n
-
-
-cdef Py_ssize_t _prod(const int* shape, int n) noexcept:
-    cdef Py_ssize_t p = 1
-    cdef int i
-    for i in range(n):
-        p *= shape[i] if shape[i] > 0 else 0
-    return p
 
 
 cdef void _one(const real* src, real* dst, int n, const int* c_im, const int* c_col, const int* k, const int* p,

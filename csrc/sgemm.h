@@ -7,7 +7,9 @@
    whole-vector copies where NR (or NR / 2) consecutive columns of B are consecutive in memory, and 8 x 8
    transposes where 8 consecutive rows are (a transposed operand, such as the columns of dW = y col^T).
 
-   Only built where the compiler targets AVX2 and FMA (PCD_SGEMM is then 1); elsewhere callers use BLAS. */
+   Only built where the compiler targets AVX2 and FMA (PCD_SGEMM is then 1); elsewhere callers use BLAS. The
+   functions that are not inline are marked unused: conv_im2col.pyx includes this header (through fold8.h) for
+   PCD_SGEMM alone. */
 #ifndef PCD_SGEMM_H
 #define PCD_SGEMM_H
 #include <stddef.h>
@@ -305,7 +307,7 @@ static inline size_t pcd_packed_a_floats(int m, int k) {
 
 /* All of A packed in the order pcd_sgemm visits its blocks (KC blocks of k, within them MC blocks of m), for an A
    that several calls share (a convolution's weights across the chunks of a batch). */
-static void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst) {
+static __attribute__((unused)) void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst) {
     for (int pc = 0; pc < k; pc += PCD_KC) {
         int kc = k - pc < PCD_KC ? k - pc : PCD_KC;
         for (int ic = 0; ic < m; ic += PCD_MC) {
@@ -333,8 +335,8 @@ static inline const float* pcd_a_block(pcd_operand a, const float** next, int ic
 
 /* C (m x n) = A (m x k) B (k x n) (+ C) (+ bias), through the operands' tables; pack: PCD_SGEMM_PACK_FLOATS.
    a_packed: A as pcd_pack_a_all wrote it, or NULL (then `a` is packed here). */
-static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed, pcd_operand b, pcd_result c,
-                      float* pack) {
+static __attribute__((unused)) void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
+                                              pcd_operand b, pcd_result c, float* pack) {
     float* apack = (float*)(((size_t)pack + 31) & ~(size_t)31);
     float* bpack = apack + PCD_MC * PCD_KC;
     signed char kinds[PCD_NC / PCD_NR];
@@ -382,11 +384,13 @@ static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
 }
 
 #else   /* no AVX2 / FMA: never called (callers check PCD_SGEMM) */
-static void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed, pcd_operand b, pcd_result c,
-                      float* pack) {
+static __attribute__((unused)) void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
+                                              pcd_operand b, pcd_result c, float* pack) {
     (void)m; (void)n; (void)k; (void)a; (void)a_packed; (void)b; (void)c; (void)pack;
 }
-static size_t pcd_packed_a_floats(int m, int k) { (void)m; (void)k; return 0; }
-static void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst) { (void)m; (void)k; (void)a; (void)dst; }
+static __attribute__((unused)) size_t pcd_packed_a_floats(int m, int k) { (void)m; (void)k; return 0; }
+static __attribute__((unused)) void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst) {
+    (void)m; (void)k; (void)a; (void)dst;
+}
 #endif
 #endif

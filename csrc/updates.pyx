@@ -5,37 +5,10 @@ same float32 operations in the same order (built with -ffp-contract=off: no FMA)
 """
 
 
-cdef extern from *:
-    """
-    /* One loop per case, over restrict pointers, so that gcc vectorizes it (the operations stay the same: no
-       FMA under -ffp-contract=off). applied: NULL, or data itself, read before it is written. */
-    static void pcd_sgd_step(const float* data, float* restrict diff, float* restrict history, float* applied,
-                             long n, float decay, float rate, float momentum) {
-        if (decay != 0 && applied) {
-            for (long i = 0; i < n; i++) {
-                float h = history[i] * momentum + rate * (diff[i] + decay * data[i]);
-                history[i] = h; diff[i] = h; applied[i] = data[i] - h;
-            }
-        } else if (decay != 0) {
-            for (long i = 0; i < n; i++) {
-                float h = history[i] * momentum + rate * (diff[i] + decay * data[i]);
-                history[i] = h; diff[i] = h;
-            }
-        } else if (applied) {
-            for (long i = 0; i < n; i++) {
-                float h = history[i] * momentum + rate * diff[i];
-                history[i] = h; diff[i] = h; applied[i] = data[i] - h;
-            }
-        } else {
-            for (long i = 0; i < n; i++) {
-                float h = history[i] * momentum + rate * diff[i];
-                history[i] = h; diff[i] = h;
-            }
-        }
-    }
-    """
+cdef extern from "sgd_step.h" nogil:
+    # the step in C, one loop per case, which gcc vectorizes (sgd_step.h)
     void pcd_sgd_step(const float* data, float* diff, float* history, float* applied, long n, float decay,
-                      float rate, float momentum) nogil
+                      float rate, float momentum)
 
 
 def sgd_step(float[::1] data, float[::1] diff, float[::1] history, float decay, float rate, float momentum,

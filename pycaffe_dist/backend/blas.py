@@ -50,7 +50,7 @@ _loaded = {}
 
 
 def kernel(name):
-    """The GEMM-calling kernel module `name` of pycaffe_dist._kernels (convgemm, gemm), imported on first use and
+    """The GEMM-calling kernel module `name` of pycaffe_dist._kernels (conv_im2col, gemm), imported on first use and
     pointed at numpy's BLAS where that is found, else at scipy's. Every BLAS is set to one thread then: our OpenMP
     threads split the work (csrc/gemm.pyx)."""
     module = _loaded.get(name)

@@ -1,4 +1,5 @@
-"""Batched convolution GEMMs on the CPU, for Convolution and Deconvolution (the kernel: csrc/convgemm.pyx).
+"""Batched convolution GEMMs on the CPU, for Convolution and Deconvolution (the kernels: csrc/conv_im2col.pyx, and
+for float32 2-D geometries on CPUs with AVX2 and FMA csrc/conv_fused.pyx).
 
 Caffe runs im2col and three small GEMMs per image. Here a chunk of images is unrolled at once into the batch
 column layout (rows, n, P), so each group does ONE GEMM over n * P columns: far better BLAS efficiency on small
@@ -16,19 +17,20 @@ import numpy as np
 
 from .. import common
 from . import blas
+from .._kernels import conv_fused as _fused
 from .._kernels import im2col as _k
 
 COL_CHUNK_BYTES = 512 << 10   # column buffer per chunk: about L2-sized, so the GEMM reads what im2col wrote from L2
-# float32 2-D convolutions multiply straight from the images (csrc/sgemm.h) where the build has AVX2 and FMA;
-# False sends them through BLAS and unrolled columns too (the tests compare the two). None: decided at the first
-# convolution (loading the kernel looks up the BLAS, which `import pycaffe_dist` need not).
+# float32 2-D convolutions multiply straight from the images (csrc/conv_fused.pyx, csrc/sgemm.h) where the build has
+# AVX2 and FMA; False sends them through BLAS and unrolled columns too (the tests compare the two). None: decided
+# at the first convolution, by what the build has.
 use_sgemm = None
 
 
 def sgemm_enabled():
     global use_sgemm
     if use_sgemm is None:
-        use_sgemm = bool(blas.kernel("convgemm").fused_available())
+        use_sgemm = bool(_fused.fused_available())
     return use_sgemm
 
 
@@ -57,8 +59,9 @@ class ConvEngine:
         self.out_channels = int(out_channels)
         self._scratch = {}
         # 2-D images are unrolled from a zero-padded copy (one per thread, in the scratch buffer).
+        self.rows2d = len(spatial) == 2 and not self.force_nd
         self.padded_count = 0
-        if len(spatial) == 2 and not self.force_nd:
+        if self.rows2d:
             self.padded_count = self.im_shape[0] * math.prod(d + 2 * p for d, p in zip(spatial, pad))
 
     def _chunk(self, num, itemsize, threads):
@@ -82,10 +85,12 @@ class ConvEngine:
         else:
             partials = np.zeros(threads * w.size, dtype=dtype) if dw is not None else np.empty(0, dtype=dtype)
         # Several chunks: our threads take them, each with a one-thread BLAS. One chunk: they split its GEMMs.
-        blas.kernel("convgemm").run(_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype),
-                                    _flat(out, dtype, True), _flat(im_out, dtype, True), partials, scratch, num,
-                                    *self.geometry, self.force_nd, self.group, self.out_channels, chunk, threads,
-                                    sgemm_enabled())
+        arrays = (_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype), _flat(out, dtype, True),
+                  _flat(im_out, dtype, True), partials, scratch, num) + self.geometry
+        if dtype == np.float32 and self.rows2d and sgemm_enabled():
+            _fused.run(*arrays, self.group, self.out_channels, chunk, threads)
+        else:
+            blas.kernel("conv_im2col").run(*arrays, self.force_nd, self.group, self.out_channels, chunk, threads)
         if dw is not None and not direct:
             dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
 

@@ -91,7 +91,7 @@ def test_loading_a_kernel_leaves_scipy_alone():
     # scipy.linalg's import takes 0.3-0.5 s of a process's start: only the fallback may pay it
     import subprocess
     import sys
-    code = ("import sys; from pycaffe_dist.backend import blas; blas.kernel('gemm'); blas.kernel('convgemm');"
+    code = ("import sys; from pycaffe_dist.backend import blas; blas.kernel('gemm'); blas.kernel('conv_im2col');"
             "print(blas.kernel('gemm').blas_in_use(), 'scipy.linalg' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     if out[0] == "ilp64":

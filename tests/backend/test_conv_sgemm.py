@@ -1,8 +1,9 @@
-"""float32 2-D convolutions through csrc/sgemm.h (the GEMMs read images and output diffs in place) against the
-float64 BLAS path with unrolled columns: forward with bias, weight gradient (accumulated), input gradient; over
-groups, stride, pad, dilation, rectangular kernels, maps whose size is no multiple of the 16-column tiles, several
-chunks and one chunk split over threads, the input diff by col2im or (same-size maps) by correlation, the weight
-gradient by the GEMM or (few weight columns: conv_direct.h) by direct sums, whole vectors and masked row tails."""
+"""float32 2-D convolutions through csrc/conv_fused.pyx and sgemm.h (the GEMMs read images and output diffs in place)
+against the float64 BLAS path with unrolled columns (csrc/conv_im2col.pyx): forward with bias, weight gradient
+(accumulated), input gradient; over groups, stride, pad, dilation, rectangular kernels, maps whose size is no multiple
+of the 16-column tiles, several chunks and one chunk split over threads, the input diff by col2im or (same-size maps)
+by correlation, the weight gradient by the GEMM or (few weight columns: conv_direct.h) by direct sums, whole vectors
+and masked row tails."""
 import numpy as np
 import pytest
 
@@ -106,3 +107,18 @@ def test_input_diff_writes_nothing_past_the_images(threads, im_shape, kernel, pa
         buffer = np.full(count + 64, 7.0, np.float32)
         engine.output_to_image(w, y, ims_out=buffer[:count].reshape((num,) + im_shape))
         assert (buffer[count:] == 7.0).all()
+
+
+def test_the_engines_check_their_arguments():
+    # conv_im2col.run and conv_fused.run share conv_pass.pxi's checks, which name the engine; the fused one takes
+    # 2-D images only (backend/conv.py sends it no others)
+    from pycaffe_dist._kernels import conv_fused
+    from pycaffe_dist.backend import blas
+    empty = (np.empty(0, np.float32),) * 8
+    geometry = ((2, 5, 5), (3, 3), (0, 0), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="conv_fused.run: scratch, chunk or weights"):
+        conv_fused.run(*empty, 1, *geometry, 1, 4, 1, 1)
+    with pytest.raises(ValueError, match="conv_im2col.run: scratch, chunk or weights"):
+        blas.kernel("conv_im2col").run(*empty, 1, *geometry, False, 1, 4, 1, 1)
+    with pytest.raises(ValueError, match="2-D images only"):
+        conv_fused.run(*empty, 1, (2, 5, 5, 5), (3, 3, 3), (0, 0, 0), (1, 1, 1), (1, 1, 1), 1, 4, 1, 1)
