@@ -10,11 +10,11 @@ import logging
 import numpy as np
 
 from ..backend import select
-from ..errors import NetError
-from ..proto import caffe_pb2
-from ..layers import create_layer
-from . import debug_info as debug_log
 from ..blob.blob import Blob
+from ..errors import NetError
+from ..layers import create_layer
+from ..proto import caffe_pb2
+from . import debug_info as debug_log
 from .splits import insert_splits
 from .state import filter_net, make_state
 
