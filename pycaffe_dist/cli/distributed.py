@@ -66,6 +66,7 @@ def cmd_train_distributed(args):
                         stats_path=args.stats, log=args.log)
     if args.redis is not None:
         settings.redis = args.redis
+    modes.resolve_options(settings.mode, settings.options)     # a bad option: one line, before any process starts
     handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
     sink = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
     progress = training_log.DistributedProgress(handler) if handler is not None else None

@@ -47,3 +47,14 @@ def test_every_declared_option_is_a_flag_of_train_and_master(verb):
                                   "overlap": False}
     assert mode_options(parser.parse_args(verb)) == {}
     assert len(all_options()) == 6
+
+
+def test_train_refuses_a_bad_option_in_one_line_before_starting_anything():
+    from tests.cli.commands import assert_clean_error, dist_caffe
+    from tests.conftest import REPO
+    run = dist_caffe("train", "--solver", "prototxt/lenet_solver.prototxt", "--workers", 2, "--mode", "sync",
+                     "--factor", 3, cwd=REPO)
+    assert_clean_error(run, "--factor is not an option of mode sync")
+    assert "[master]" not in run.stderr                       # refused by the launcher itself
+    assert_clean_error(dist_caffe("train", "--solver", "prototxt/lenet_solver.prototxt", "--tau", 2, cwd=REPO),
+                       "--tau: options of the distributed modes: give --workers N")
