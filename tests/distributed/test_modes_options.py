@@ -6,6 +6,8 @@ from pycaffe_dist.cli import build_parser
 from pycaffe_dist.cli.distributed import mode_options
 from pycaffe_dist.distributed.modes import MODES, all_options, resolve_options
 from pycaffe_dist.errors import PycaffeDistError
+from tests.cli.commands import assert_clean_error, dist_caffe
+from tests.conftest import REPO
 
 
 def test_defaults_come_from_the_declarations():
@@ -50,8 +52,6 @@ def test_every_declared_option_is_a_flag_of_train_and_master(verb):
 
 
 def test_train_refuses_a_bad_option_in_one_line_before_starting_anything():
-    from tests.cli.commands import assert_clean_error, dist_caffe
-    from tests.conftest import REPO
     run = dist_caffe("train", "--solver", "prototxt/lenet_solver.prototxt", "--workers", 2, "--mode", "sync",
                      "--factor", 3, cwd=REPO)
     assert_clean_error(run, "--factor is not an option of mode sync")
