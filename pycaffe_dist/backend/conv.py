@@ -54,7 +54,7 @@ class ConvEngine:
         col_shape = _k.col_shape(*self.geometry)
         self.rows = col_shape[0]                                      # C * prod(kernel)
         self.out_spatial = tuple(col_shape[1:])
-        self.positions = math.prod(self.out_spatial)                        # P
+        self.positions = math.prod(self.out_spatial)                  # P
         self.group = int(group)
         self.out_channels = int(out_channels)
         self._scratch = {}

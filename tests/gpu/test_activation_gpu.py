@@ -63,7 +63,8 @@ def _run(text, bottoms, top_diffs, on_gpu, phase, num_tops, in_place, propagate_
     if on_gpu:
         layer.forward_gpu(bottom, top)
         if on_device is True:
-            assert all(t.data_memory.head == synced_memory.DEVICE for t in top), "the GPU forward left its tops on the host"
+            assert all(t.data_memory.head == synced_memory.DEVICE for t in top), \
+                "the GPU forward left its tops on the host"
     else:
         layer.forward(bottom, top)
     out = {"top %d" % i: t.data.copy() for i, t in enumerate(top)}
