@@ -43,3 +43,7 @@ class StoreError(PycaffeDistError):
 
 class DeviceError(PycaffeDistError):
     """No usable GPU (no driver, no pycuda, no built kernels, a bad device id), or a device call that failed."""
+
+
+class DivergedError(PycaffeDistError):
+    """Training brought NaN or Inf: a distributed job refuses the merge and stops with the last finite weights."""

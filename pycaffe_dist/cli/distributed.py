@@ -10,6 +10,9 @@ from ..errors import PycaffeDistError
 from . import arguments
 
 
+MASTER_ERROR = "[master] dist_caffe: error: "
+
+
 def add_mode_flags(parser):
     """One flag per mode option (a bool one as --x / --no-x); their defaults are the mode's, so argparse's is None."""
     for option in modes.all_options():
@@ -48,7 +51,22 @@ def add_train_flags(parser):
     parser.add_argument("--job", help="distributed job id (default: generated)")
     parser.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
     parser.add_argument("--stats", help="distributed: write the master's summary (rates, tests) to this JSON file")
+    parser.add_argument("--slow-worker", metavar="ID:SECONDS", action="append", type=slow_worker, default=[],
+                        help="for trying stragglers out: worker ID sleeps SECONDS after every round (repeatable)")
     add_mode_flags(parser)
+
+
+def slow_worker(text):
+    """'ID:SECONDS' -> (id, seconds), for --slow-worker."""
+    import argparse
+    worker, sep, seconds = text.partition(":")
+    try:
+        if sep and int(worker) >= 0 and float(seconds) >= 0:
+            return int(worker), float(seconds)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError("expected ID:SECONDS (a worker id and the seconds it sleeps after each round), "
+                                     "got %r" % text)
 
 
 def cmd_train_distributed(args):
@@ -66,18 +84,35 @@ def cmd_train_distributed(args):
                         stats_path=args.stats, log=args.log)
     if args.redis is not None:
         settings.redis = args.redis
-    modes.resolve_options(settings.mode, settings.options)     # a bad option: one line, before any process starts
+    resolved = modes.resolve_options(settings.mode, settings.options)   # a bad option: one line, before any start
+    if resolved.get("backup", 0) >= args.workers:
+        raise PycaffeDistError("--backup %d leaves no worker to wait for: give fewer backups than --workers (%d)"
+                               % (resolved["backup"], args.workers))
+    slow = dict(args.slow_worker)
+    if any(i >= args.workers for i in slow):
+        raise PycaffeDistError("--slow-worker names worker %d, but the workers are 0 to %d"
+                               % (max(slow), args.workers - 1))
     handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
-    sink = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    show = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    master_errors = []
+
+    def sink(line):
+        # The master's own error line becomes this command's one error line, at the end.
+        if line.startswith(MASTER_ERROR):
+            master_errors.append(line[len(MASTER_ERROR):])
+        else:
+            show(line)
     progress = training_log.DistributedProgress(handler) if handler is not None else None
     try:
         code = launch.run_local(settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
-                                gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None)
+                                gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, slow_workers=slow)
     finally:
         if handler is not None:
             handler.finish()
     if code == arguments.EXIT_INTERRUPTED:
         print("dist_caffe: interrupted: stopped the master and the workers", file=sys.stderr)
+    elif code and master_errors:
+        raise PycaffeDistError(master_errors[-1])
     elif code:
         raise PycaffeDistError("the master exited with status %d (see its log lines above)" % code)
     return code
@@ -122,11 +157,12 @@ def cmd_worker(args):
     from ..distributed.worker import Worker
     from ..solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
-    logging.getLogger("pycaffe_dist.solver").setLevel(logging.WARNING)
+    # The master reports the job's training (and a divergence, once): the workers' own solvers stay quiet.
+    logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
     if select.choose(args.gpu) is not None:
         print("computing on GPU %s: %s" % (args.gpu, select.current().name), file=sys.stderr, flush=True)
     worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
-                    wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry)
+                    wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry, delay_s=args.delay)
     stats = worker.run()
     print("worker %s: %d rounds, %d images" % (worker.id, stats["rounds"], stats["images"]), file=sys.stderr)
     return 0
@@ -173,6 +209,8 @@ def add_verbs(verbs):
                    "(default 60)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
     p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
+    p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every round: a straggler "
+                   "on purpose, for trying out backup workers and weed-out (default 0)")
     p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
                    "giving up (default 30)")
     p.set_defaults(func=cmd_worker)

@@ -117,12 +117,14 @@ class Child:
 
 
 def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout_s=60.0, gpus=(),
-              private_redis=True):
+              private_redis=True, slow_workers=None):
     """Run a master (master.Settings: its solver, mode, options, ...; `settings.workers` workers) and its workers on
     this machine; returns the master's exit code. With private_redis, a private redis-server replaces
     settings.redis. The master gets its settings as JSON on its standard input. `progress(stats)` is called about
     twice a second. With `gpus` (device ids), worker i computes on gpus[i % len(gpus)]: one worker per GPU, or
-    several per GPU; the master stays on the CPU (it only merges and tests)."""
+    several per GPU; the master stays on the CPU (it only merges and tests). `slow_workers`: {worker index:
+    seconds it sleeps after every round} (stragglers on purpose)."""
+    slow_workers = slow_workers or {}
     sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
     server = LocalRedis() if private_redis else None
     env = dict(os.environ, OMP_NUM_THREADS=str(worker_threads), OPENBLAS_NUM_THREADS=str(worker_threads),
@@ -137,9 +139,10 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
     try:
         children.append(Child("master", python + ["master", "--settings", "-"], env, sink, settings.to_json()))
         for i in range(settings.workers):
-            gpu = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
+            extra = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
+            extra += ["--delay", str(slow_workers[i])] if i in slow_workers else []
             children.append(Child("worker %d" % i, python + ["worker", "--redis", redis_url, "--job", job, "--id",
-                                                             str(i), "--threads", str(worker_threads)] + gpu,
+                                                             str(i), "--threads", str(worker_threads)] + extra,
                                   env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
         watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url

@@ -21,7 +21,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from .. import common
-from ..errors import PycaffeDistError, StoreError
+from ..errors import DivergedError, PycaffeDistError, StoreError
 from ..io.load import read_solver
 from ..proto import caffe_pb2
 from ..solver.solver import Solver
@@ -33,6 +33,15 @@ from .store import Store
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
 HISTORY_EVERY = 50          # gradient-only: merges between saves of the master's history to Redis
+
+
+def first_non_finite(arrays):
+    """The index of the first array holding NaN or Inf, or None. A sum is one fast pass and is finite unless an
+    element is not (or the sum overflows: then the elements are looked at one by one)."""
+    for i, a in enumerate(arrays):
+        if not np.isfinite(np.sum(a, dtype=np.float64)) and not np.isfinite(a).all():
+            return i
+    return None
 
 
 class Member:
@@ -123,6 +132,7 @@ class Master:
         self.members, self.pending, self.replies = {}, {}, []
         self.dirty, self.started, self.stop_requested = True, False, False
         self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
+        self.staleness_sum = 0
         self.seen = set()
         self.started_at = self.display_at = time.monotonic()
         self.test_results, self.snapshots = [], []
@@ -169,13 +179,25 @@ class Master:
 
     def reply(self, worker, status):
         member = self.members.get(worker)
-        message = {"status": status, "iter": self.count, "epoch": self.epoch}
+        message = {"status": status, "iter": self.count, "epoch": self.epoch, "workers": len(self.members)}
         if member is not None and member.last_round is not None:
             message["round"] = member.last_round
         self.replies.append((worker, message))
 
     def read_result(self, worker):
-        return self.store.get_result(worker, self.shapes, out=self.scratch)
+        """Worker `worker`'s last result; a result holding NaN or Inf stops the job (DivergedError)."""
+        arrays = self.store.get_result(worker, self.shapes, out=self.scratch)
+        bad = first_non_finite(arrays)
+        if bad is not None:
+            raise DivergedError("worker %s's result holds NaN or Inf in %s" % (worker, self._blob(bad)))
+        return arrays
+
+    def staleness(self, message):
+        """Merges W took since the weights the result of `message` started from ('base', a merge count), its own
+        merge included: 1 for a result computed on the latest W."""
+        stale = max(1, self.count - int(message.get("base", self.count)) + 1)
+        self.staleness_sum += stale
+        return stale
 
     def add_to_weights(self, arrays, scale):
         scale = np.float32(scale)
@@ -183,14 +205,30 @@ class Master:
             if scale == 1:
                 w += a
             else:
-                w += scale * a
+                a *= scale                      # the result's own buffer (scratch or the mode's sum)
+                w += a
+        self._check_weights()
         self.dirty = True
 
-    def apply_gradients(self, gradients):
-        self.solver.apply_gradients(gradients, self.count)
+    def apply_gradients(self, gradients, scale=1.0):
+        self.solver.apply_gradients(gradients, self.count, scale)
+        self._check_weights()
         self.dirty = True
         if (self.count + 1) % HISTORY_EVERY == 0:
             self._save_history()
+
+    def _check_weights(self):
+        """A merge of finite results can still overflow W: then W goes back to its last copy on Redis."""
+        bad = first_non_finite(self.weights)
+        if bad is not None:
+            _, written_at = self.store.get_weights(self.shapes, out=self.weights)
+            self.count = written_at
+            self.dirty = False
+            raise DivergedError("W overflowed to Inf or NaN in %s" % self._blob(bad))
+
+    def _blob(self, index):
+        layer, _, number = self.names[index].rpartition("/")
+        return "layer %s's blob %s" % (layer, number)
 
     def merged(self, messages):
         self.count += 1
@@ -235,6 +273,8 @@ class Master:
         log.info("Job %s: mode %s, waiting for %d worker(s)", self.job, self.mode_name, self.workers_wanted)
         try:
             self._serve()
+        except DivergedError as exc:
+            self._diverged(exc)
         except StoreError as exc:
             # Redis is gone (or the job with it): keep W on disk, so that no merge is lost.
             model, state = self._snapshot(files_only=True)
@@ -260,6 +300,16 @@ class Master:
                 self._housekeeping()
                 last_housekeeping = time.monotonic()
         self._finish()
+
+    def _diverged(self, exc):
+        """Refuse the merge, keep the last finite W on disk, stop the workers, leave no key; then say it in one
+        line (the CLI prints it) and exit non-zero."""
+        self.dirty = False                      # W holds no part of the refused merge (or was read back)
+        model, _ = self._snapshot(files_only=True)
+        self._stop_workers()
+        self._clean_up()
+        raise DivergedError("training diverged in mode %s at merge %d: %s; the last finite weights are in %s (%s)"
+                            % (self.mode_name, self.count, exc, model, self.rule.advice)) from None
 
     def _request_stop(self, number, frame):
         if self.stop_requested:
@@ -392,11 +442,17 @@ class Master:
         if not stopped_early:
             self._test()
         log.info("Optimization %s after %d merges.", "stopped" if stopped_early else "Done", self.count)
+        self._stop_workers()
+        log.info("Workers: %s", self.rates_text())
+        self._clean_up()
+
+    def _stop_workers(self):
         self.store.finish_job()
         for worker in list(self.members) + list(self.pending):
             self.store.reply_to(worker, {"status": "stop"})
         self._wait_for_workers_to_leave()
-        log.info("Workers: %s", self.rates_text())
+
+    def _clean_up(self):
         if self.stats_path:
             with open(self.stats_path, "w") as f:
                 json.dump(self.summary(), f, indent=1)
@@ -438,4 +494,5 @@ class Master:
         images = sum(m.images for m in self.members.values())
         elapsed = time.monotonic() - self.started_at
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
-                    dropped=self.dropped_count, tests=self.test_results)
+                    dropped=self.dropped_count, tests=self.test_results,
+                    mean_staleness=self.staleness_sum / max(1, self.count))

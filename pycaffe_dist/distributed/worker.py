@@ -32,17 +32,26 @@ class Stopped(Exception):
 
 
 class Outcome:
-    def __init__(self, status, pulled=None, iteration=None):
-        self.status, self.pulled, self.iteration = status, pulled, iteration
+    """A reply and what was pulled after it: status, W, the merge count W was written at (`version`), the merge
+    count the reply was sent at (`iteration`), and the live workers the master counted."""
+
+    def __init__(self, status, pulled=None, version=0, iteration=None, workers=1):
+        self.status, self.pulled, self.version = status, pulled, version
+        self.iteration, self.workers = iteration, workers
+
+    @classmethod
+    def of(cls, reply, pulled):
+        return cls(reply["status"], pulled[0], pulled[1], int(reply.get("iter", 0)), int(reply.get("workers", 1)))
 
 
 class Worker:
     def __init__(self, urls, job=None, threads=1, master_timeout_s=120.0, retry_s=30.0, wait_for_job_s=60.0,
-                 worker_id=None):
+                 worker_id=None, delay_s=0.0):
         self.job = jobs.find_job(urls, job) if job or wait_for_job_s <= 0 else \
             self._wait_for_a_job(urls, wait_for_job_s)
         self.store = Store(urls, self.job, retry_s)
         self.threads, self.master_timeout_s = threads, master_timeout_s
+        self.delay_s = delay_s              # seconds added to every round: a straggler on purpose, for tests
         self.spec = self._wait_for_spec(wait_for_job_s)
         self.mode = MODES[self.spec["mode"]].Worker
         self.tau = int(self.spec["options"].get("tau", 1))     # gradient-only has no tau: one gradient a round
@@ -141,7 +150,7 @@ class Worker:
         self.store.put_result(self.id, result, round_id)
         self.store.send_to_master(dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch))
         reply = self._await(lambda m: m.get("status") == "reset" or m.get("round") == round_id)
-        return Outcome(reply["status"], self.store.get_weights(self.shapes)[0], int(reply.get("iter", 0)))
+        return Outcome.of(reply, self.store.get_weights(self.shapes))
 
     def _compute(self, solver, start, iteration):
         """One round's work from the weights `start`: (the weights at its end, the gradients or None, the loss)."""
@@ -149,8 +158,12 @@ class Worker:
             w[...] = x
         if self.mode.gradients:
             gradients, loss = solver.compute_gradients()
+            if self.delay_s:
+                time.sleep(self.delay_s)
             return start, gradients, loss
         loss = solver.step_from(iteration, self.tau)
+        if self.delay_s:
+            time.sleep(self.delay_s)
         return [w.copy() for w in solver.weights], None, loss
 
     def run(self):
@@ -167,7 +180,7 @@ class Worker:
             self.store.send_to_master({"type": "ready", "worker": self.id})
             welcome = self._await(lambda m: m.get("status") in ("welcome", "reset"))
             self.epoch = int(welcome.get("epoch", 0))
-            start = Outcome("merged", self.store.get_weights(self.shapes)[0], int(welcome.get("iter", 0)))
+            start = Outcome.of(dict(welcome, status="merged"), self.store.get_weights(self.shapes))
             self._rounds(solver, exchange, start, images)
         except Stopped:
             pass
@@ -183,7 +196,7 @@ class Worker:
         """Rounds until the master says stop. `outcome` is the last reply (status, W, iteration) the worker knows;
         with depth 1 it is that of the round before the one that just ended, whose exchange was in flight."""
         depth, options = int(self.spec.get("depth", 1)), self.spec["options"]
-        start, iteration = outcome.pulled, outcome.iteration
+        start, iteration, base = outcome.pulled, outcome.iteration, outcome.version
         in_flight, round_id = None, 0
         # A round runs from one submit to the next; `blocked` is the part of it spent waiting on the exchange.
         last_submit, blocked = time.perf_counter(), 0.0
@@ -193,9 +206,10 @@ class Worker:
                 waited = time.perf_counter()
                 outcome = in_flight.result()
                 blocked += time.perf_counter() - waited
-            result = self.mode.result(start, x_end, gradients, outcome.pulled, options)
+            result = self.mode.result(start, x_end, gradients, outcome.pulled, options, outcome.workers)
             now = time.perf_counter()
-            info = {"loss": loss, "images": images, "compute_s": now - last_submit - blocked, "wait_s": blocked}
+            info = {"loss": loss, "images": images, "compute_s": now - last_submit - blocked, "wait_s": blocked,
+                    "base": base}
             future = exchange.submit(self._exchange, round_id, result, info)
             last_submit, blocked = now, 0.0
             in_flight = future if depth else None
@@ -203,6 +217,7 @@ class Worker:
                 outcome = future.result()
                 blocked = time.perf_counter() - now
             start = self.mode.next_start(outcome.status, outcome.pulled, x_end, result, in_flight is not None)
+            base = self.mode.base(outcome.version, outcome.status, in_flight is not None)
             # With this round's result in flight, the reply's merge count is one round short.
             iteration = outcome.iteration + (self.tau if in_flight is not None else 0)
             self.stats["rounds"] += 1

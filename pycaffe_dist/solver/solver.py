@@ -82,6 +82,7 @@ class Solver:
         self.smoothed_loss = f32(0)
         self.test_scores = [[] for _ in self.test_nets]   # last test of each net: [(output name, mean)]
         self._losses = []
+        self.warned_diverged = False
         self._forwards = {"train": 0, "test": [0] * len(self.test_nets)}
 
     # --- nets ---------------------------------------------------------------------------------------------
@@ -226,6 +227,11 @@ class Solver:
             self.net.debug_info = bool(display and p.debug_info)   # Caffe's Step: per-layer logs when displaying
             loss = self._forward_backward()
             self._update_smoothed_loss(loss, start_iter)
+            if not np.isfinite(loss) and not self.warned_diverged:
+                # Caffe trains on (and its Accuracy counts every image right on NaN scores): say it once.
+                log.warning("Iteration %d: loss = %s: training has diverged (the weights are NaN or Inf from here "
+                            "on; lower base_lr)", self.iter, caffe_number(loss))
+                self.warned_diverged = True
             if display:
                 lapse = time.perf_counter() - timer
                 per_s = (self.iter - iterations_last) / (lapse or 1)
@@ -272,19 +278,21 @@ class Solver:
             self._history_memory = [SyncedMemory(h.size, h.dtype, host=h.reshape(-1)) for h in self._history]
         return [mem.device() for mem in self._history_memory]
 
-    def apply_update(self):
+    def apply_update(self, rate_scale=1.0):
         """SGDSolver::ApplyUpdate: rate, clipping, normalize, regularize, the rule's step, w -= step; iter += 1.
-        In GPU mode the same steps run on the device copies (solver/updates_gpu.py)."""
+        In GPU mode the same steps run on the device copies (solver/updates_gpu.py). `rate_scale` multiplies
+        every blob's rate (the distributed modes' staleness-aware rate; 1 in Caffe's loop)."""
         p = self.param
         params = self.net.learnable_params
+        rates = self.net.params_lr if rate_scale == 1 else [m * rate_scale for m in self.net.params_lr]
         before = self.current_step
         gpu = select.active()
         if gpu:
-            result = updates_gpu.compute_steps(p, params, self.net.params_lr, self.net.params_weight_decay,
+            result = updates_gpu.compute_steps(p, params, rates, self.net.params_weight_decay,
                                                self._device_history(), self.iter, self.current_step, self.source)
         else:
             result = updates.compute_steps(p, [b.data for b in params], [b.diff for b in params],
-                                           self.net.params_lr, self.net.params_weight_decay, self.history,
+                                           rates, self.net.params_weight_decay, self.history,
                                            self.iter, self.current_step, self.source, apply=True)
         self.rate, self.current_step = result["rate"], result["current_step"]
         if p.lr_policy == "multistep" and self.current_step != before:
@@ -466,13 +474,14 @@ class Solver:
         loss = self._forward_backward()
         return [blob.diff.copy() for blob in self.net.learnable_params], float(loss)
 
-    def apply_gradients(self, gradients, iteration):
+    def apply_gradients(self, gradients, iteration, rate_scale=1.0):
         """Update the weights with these gradients as the update that follows `iteration` updates: Caffe's
-        ApplyUpdate (the rate at that iteration, clipping, regularization, the rule's history)."""
+        ApplyUpdate (the rate at that iteration times `rate_scale`, clipping, regularization, the rule's
+        history)."""
         for blob, gradient in zip(self.net.learnable_params, gradients):
             blob.diff[...] = gradient
         self.iter = iteration
-        self.apply_update()
+        self.apply_update(rate_scale)
 
     def test_at(self, iteration):
         """Test every test net as after `iteration` updates; returns each net's [(output name, mean)]."""

@@ -2,6 +2,7 @@
 4-class data set written as datumfiles, a solver for it, and helpers that run masters and workers as processes."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pycaffe_dist.distributed.launch import LocalRedis
 from pycaffe_dist.distributed.store import PASSWORD_ENV, Store, connect
 from pycaffe_dist.proto import caffe_pb2
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
 CLASSES, SIDE = 4, 4
 
 NET = """
@@ -183,3 +185,51 @@ def wait_for_merges(store, count, timeout=60):
 
 def accuracies(stats):
     return [t["scores"]["accuracy"] for t in stats["tests"]]
+
+
+# --- LeNet on Fashion-MNIST, for the tests at scale ---------------------------------------------------------
+
+IDX = pathlib.Path("/usr/share/datasets/fashion-mnist")
+needs_fashion_mnist = pytest.mark.skipif(not IDX.is_dir(), reason="needs dataset-fashion-mnist (.ci/run installs it)")
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist(tmp_path_factory):
+    """Fashion-MNIST as the datumfiles of `dist_caffe convert-idx`; LeNet's net reading them."""
+    from pycaffe_dist.data.convert import convert_idx
+    root = tmp_path_factory.mktemp("fashion-mnist")
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        convert_idx(str(IDX / ("%s-images-idx3-ubyte.gz" % prefix)), str(IDX / ("%s-labels-idx1-ubyte.gz" % prefix)),
+                    str(root / ("%s.datumfile" % split)), "datumfile")
+    net = (REPO / "prototxt" / "lenet_train_test.prototxt").read_text()
+    (root / "lenet.prototxt").write_text(net.replace('"data/fashion-mnist/', '"%s/' % root))
+    return root
+
+
+@pytest.fixture
+def lenet_solver(fashion_mnist, tmp_path):
+    """Caffe's lenet_solver reading `fashion_mnist`, snapshotting into tmp_path, tested on the whole test set at
+    the end only; fields override."""
+    from pycaffe_dist.io.load import read_solver
+
+    def make(**fields):
+        param = read_solver(str(REPO / "prototxt" / "lenet_solver.prototxt"))
+        param.net = str(fashion_mnist / "lenet.prototxt")
+        param.snapshot_prefix = str(tmp_path / "lenet")
+        param.test_initialization, param.snapshot, param.random_seed = False, 0, 1
+        for k, v in fields.items():
+            setattr(param, k, v)
+        param.test_interval = param.max_iter          # a test at the end only
+        path = tmp_path / "lenet_solver.prototxt"
+        path.write_text(text_format.MessageToString(param))
+        return path
+    return make
+
+
+def train_on_workers(solver, workers, mode, stats, *extra, timeout=600):
+    """`dist_caffe train --workers N` as a user runs it (its own redis-server): the finished process."""
+    env = dict(os.environ)
+    env.pop(PASSWORD_ENV, None)
+    return subprocess.run([sys.executable, "-m", "pycaffe_dist", "train", "--solver", str(solver), "--workers",
+                           str(workers), "--mode", mode, "--stats", str(stats)] + [str(a) for a in extra],
+                          capture_output=True, text=True, env=env, timeout=timeout)

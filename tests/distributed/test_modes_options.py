@@ -11,12 +11,12 @@ from tests.conftest import REPO
 
 
 def test_defaults_come_from_the_declarations():
-    assert resolve_options("async", {}) == {"tau": 1, "factor": 1.0, "overlap": None}
-    assert resolve_options("easgd", {"tau": 3}) == {"tau": 3, "moving_rate": 0.5, "overlap": None}
-    assert resolve_options("gradient-only", {}) == {"overlap": None}
-    for mode, module in MODES.items():
-        assert set(resolve_options(mode, {"weedout": 2} if mode == "weed-out" else {})) == \
-            {o.name for o in module.OPTIONS}
+    assert resolve_options("async", {}) == {"tau": 1, "factor": None, "overlap": None}
+    assert resolve_options("easgd", {"tau": 3}) == {"tau": 3, "moving_rate": None, "overlap": None}
+    assert resolve_options("gradient-only", {}) == {"factor": None, "overlap": None}
+    assert resolve_options("sync", {}) == {"tau": 1, "backup": 0, "overlap": None}
+    for mode, module in MODES.items():                  # every mode runs with no options at all
+        assert set(resolve_options(mode, {})) == {o.name for o in module.OPTIONS}
 
 
 @pytest.mark.parametrize("mode, given, message", [
@@ -24,8 +24,10 @@ def test_defaults_come_from_the_declarations():
     ("async", {"factor": -1}, "--factor must be positive, got -1"),
     ("easgd", {"moving_rate": 1.5}, r"--moving-rate must be in \(0, 1\], got 1.5"),
     ("partial-sync", {"max_advance": -1}, "--max-advance must be at least 0"),
-    ("weed-out", {}, "--weedout must be at least 1, got 0"),
-    ("sync", {"factor": 4}, "--factor is not an option of mode sync .* sync takes --tau, --overlap"),
+    ("weed-out", {"weedout": 0}, "--weedout must be at least 1, got 0"),
+    ("sync", {"backup": -1}, "--backup must be at least 0, got -1"),
+    ("sync", {"factor": 4}, "--factor is not an option of mode sync .* sync takes --tau, --backup, --overlap"),
+    ("easgd", {"backup": 1}, "--backup is not an option of mode easgd"),
     ("gradient-only", {"tau": 3}, "--tau is not an option of mode gradient-only"),
     ("chaos", {}, "unknown mode 'chaos'"),
 ])
@@ -36,19 +38,19 @@ def test_bad_options_are_refused_with_the_flag_named(mode, given, message):
 
 def test_an_other_modes_option_at_its_default_is_accepted():
     """The Ansible role passes --tau 1 whatever the mode."""
-    assert resolve_options("gradient-only", {"tau": 1}) == {"overlap": None}
+    assert resolve_options("gradient-only", {"tau": 1}) == {"factor": None, "overlap": None}
 
 
 @pytest.mark.parametrize("verb", [["train", "--solver", "s"], ["master"]])
 def test_every_declared_option_is_a_flag_of_train_and_master(verb):
     parser = build_parser()
     argv = verb + ["--tau", "2", "--factor", "0.5", "--max-advance", "3", "--weedout", "4", "--moving-rate", "0.2",
-                   "--no-overlap"]
+                   "--backup", "1", "--no-overlap"]
     args = parser.parse_args(argv)
     assert mode_options(args) == {"tau": 2, "factor": 0.5, "max_advance": 3, "weedout": 4, "moving_rate": 0.2,
-                                  "overlap": False}
+                                  "backup": 1, "overlap": False}
     assert mode_options(parser.parse_args(verb)) == {}
-    assert len(all_options()) == 6
+    assert len(all_options()) == 7
 
 
 def test_train_refuses_a_bad_option_in_one_line_before_starting_anything():

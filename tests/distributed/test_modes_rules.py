@@ -10,6 +10,10 @@ class Recorder:
     def __init__(self):
         self.weights = [np.zeros(3, np.float32)]
         self.results, self.replies, self.merges, self.drops = {}, [], [], []
+        self.count = 0
+
+    def staleness(self, message):
+        return max(1, self.count - message.get("base", self.count) + 1)
 
     def read_result(self, worker):
         return self.results[worker]
@@ -20,6 +24,7 @@ class Recorder:
 
     def merged(self, messages):
         self.merges.append([m["worker"] for m in messages])
+        self.count += 1
 
     def dropped(self, message):
         self.drops.append(message["worker"])
@@ -27,8 +32,8 @@ class Recorder:
     def reply(self, worker, status):
         self.replies.append((worker, status))
 
-    def apply_gradients(self, gradients):
-        self.gradients = gradients
+    def apply_gradients(self, gradients, scale=1.0):
+        self.gradients, self.rate_scale = gradients, scale
 
     class log:
         warnings = []
@@ -43,9 +48,10 @@ def _rule(mode, **options):
     return master, MODES[mode].Master(master, resolve_options(mode, options))
 
 
-def _deliver(master, rule, worker, value):
+def _deliver(master, rule, worker, value, base=None):
+    """Worker `worker`'s result, all `value`, computed from W at merge `base` (default: the latest W)."""
     master.results[worker] = [np.full(3, value, np.float32)]
-    rule.on_result(worker, {"worker": worker, "loss": 1.0})
+    rule.on_result(worker, {"worker": worker, "loss": 1.0, "base": master.count if base is None else base})
 
 
 def test_sync_averages_the_delivered_deltas_and_waits_for_everyone():
@@ -119,7 +125,7 @@ def test_easgd_worker_pulls_itself_and_the_centre_together():
     master, rule = _rule("easgd")
     master.weights[0][...] = 1.0
     x_end, centre = [np.full(3, 5.0, np.float32)], [np.full(3, 1.0, np.float32)]
-    d = easgd.Worker.result(None, x_end, None, centre, {"moving_rate": 0.25})
+    d = easgd.Worker.result(None, x_end, None, centre, {"moving_rate": 0.25}, 8)
     assert d[0].tolist() == [1.0] * 3                       # d = a (x - W)
     assert easgd.Worker.next_start("merged", centre, x_end, d, True)[0].tolist() == [4.0] * 3
     assert easgd.Worker.next_start("reset", centre, x_end, d, True) is centre
@@ -140,3 +146,78 @@ def test_delta_worker_starts_from_w_plus_the_delta_in_flight(status, expected):
     start = base.DeltaWorker.next_start(status, pulled, None, delta, True)
     assert start[0].tolist() == [expected] * 2
     assert base.DeltaWorker.next_start("merged", pulled, None, delta, False) is pulled   # W holds it already
+
+
+@pytest.mark.parametrize("mode", ["async", "partial-sync", "weed-out"])
+def test_a_result_is_merged_divided_by_its_staleness(mode):
+    master, rule = _rule(mode, **({"max_advance": 5} if mode == "partial-sync" else {}))
+    rule.start(["0", "1", "2", "3"])
+    for worker in "0123":                      # all four started from W at merge 0
+        _deliver(master, rule, worker, 12.0, base=0)
+    # staleness 1, 2, 3, 4: W += 12 + 6 + 4 + 3
+    assert master.weights[0].tolist() == [25.0] * 3
+
+
+def test_an_explicit_factor_replaces_the_staleness():
+    master, rule = _rule("async", factor=4.0)
+    _deliver(master, rule, "0", 8.0, base=0)
+    _deliver(master, rule, "1", 8.0, base=0)
+    assert master.weights[0].tolist() == [4.0] * 3
+
+
+def test_gradient_only_scales_the_rate_by_the_staleness():
+    master, rule = _rule("gradient-only")
+    master.count = 7
+    _deliver(master, rule, "0", 0.5, base=4)
+    assert master.rate_scale == 0.25
+    _deliver(master, rule, "1", 0.5)
+    assert master.rate_scale == 1.0
+
+
+def test_weed_out_runs_without_options_and_its_window_is_the_live_workers():
+    assert resolve_options("weed-out", {})["weedout"] == 1
+    master, rule = _rule("weed-out")
+    rule.start(["0", "1", "2"])
+    for worker in "012012":                    # round robin: nobody is overtaken
+        _deliver(master, rule, worker, 1.0)
+    assert master.drops == []
+    for worker in "0101":                      # 2 is overtaken by two rounds of the others
+        _deliver(master, rule, worker, 1.0)
+    _deliver(master, rule, "2", 1.0)
+    assert master.drops == ["2"]
+
+
+@pytest.mark.parametrize("workers, rate", [(1, 0.9), (2, 0.45), (8, 0.1125), (16, 0.05625)])
+def test_easgd_moving_rate_defaults_to_0_9_over_the_live_workers(workers, rate):
+    options = resolve_options("easgd", {})
+    d = easgd.Worker.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)], options, workers)
+    np.testing.assert_allclose(d[0], rate, rtol=1e-6)
+    d = easgd.Worker.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)],
+                            dict(options, moving_rate=0.3), workers)
+    np.testing.assert_allclose(d[0], 0.3, rtol=1e-6)
+
+
+def test_sync_with_a_backup_closes_without_the_straggler_and_drops_its_late_result():
+    master, rule = _rule("sync", backup=1)
+    rule.start(["0", "1", "2"])
+    master.replies.clear()
+    _deliver(master, rule, "0", 1.0)
+    assert master.merges == []
+    _deliver(master, rule, "1", 3.0)            # all but one: the round closes without 2
+    assert master.merges == [["0", "1"]] and master.weights[0].tolist() == [2.0] * 3
+    assert sorted(master.replies) == [("0", "merged"), ("1", "merged")]
+    master.replies.clear()
+    _deliver(master, rule, "2", 100.0)          # 2's result of the closed round
+    assert master.drops == ["2"] and master.replies == [("2", "dropped")]
+    assert master.weights[0].tolist() == [2.0] * 3
+    _deliver(master, rule, "2", 4.0)            # its next one counts in the open round
+    _deliver(master, rule, "0", 2.0)
+    assert master.merges[-1] == ["2", "0"] and master.weights[0].tolist() == [5.0] * 3
+
+
+def test_sync_without_backup_waits_for_everyone():
+    master, rule = _rule("sync")
+    rule.start(["0", "1", "2"])
+    _deliver(master, rule, "0", 1.0)
+    _deliver(master, rule, "1", 1.0)
+    assert master.merges == []

@@ -8,10 +8,12 @@ Each mode module says:
 
   OPTIONS:      the options it takes (Option, below): the command line's flags and the job spec's values come
                 from these declarations, and nowhere else
-  Worker:       result(x_start, x_end, gradients, centre, options) -> R, where centre is the last W pulled;
+  Worker:       result(x_start, x_end, gradients, centre, options, workers) -> R, where centre is the last W
+                pulled and workers the live workers the master last counted;
                 next_start(status, pulled, x_end, result, in_flight) -> the weights of the next round, from the
                 last reply's status and W, this round's end and result, and whether that result is in flight;
-                `gradients`: whether a round is one gradient (no local steps)
+                base(version, status, in_flight) -> the merge count of the W the next round starts from (how
+                stale its result will be); `gradients`: whether a round is one gradient (no local steps)
   Master:       a Rule (below) with start(workers), on_join(w), on_result(w, message), on_lost(w), over the
                 master's MasterView
 """
@@ -40,6 +42,9 @@ def at_least(low):
 
 # The options of more than one mode.
 TAU = Option("tau", int, 1, "local solver steps per round", at_least(1))
+FACTOR = Option("factor", float, None, "merge each result scaled by 1/FACTOR (default: by 1/its staleness, the "
+                "merges W took since the weights the result started from, its own included)",
+                lambda value: None if value > 0 else "must be positive, got %s" % value)
 OVERLAP = Option("overlap", bool, None, "workers compute their next round while the last result travels (--overlap, "
                  "the default but in gradient-only) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
 
@@ -53,6 +58,9 @@ class MasterView(Protocol):
     def add_to_weights(self, arrays, scale): ...         # W += scale * arrays
 
     def apply_gradients(self, gradients): ...            # the solver's update rule on W, at the merge count
+
+    def staleness(self, message): ...                    # merges since the W the message's result started from,
+    #                                                      its own included (1: computed on the latest W)
 
     def merged(self, messages): ...                      # one merge done (messages: the results it merged)
 
@@ -68,7 +76,7 @@ class DeltaWorker:
     gradients = False
 
     @staticmethod
-    def result(x_start, x_end, gradients, centre, options):
+    def result(x_start, x_end, gradients, centre, options, workers):
         return [e - s for s, e in zip(x_start, x_end)]
 
     @staticmethod
@@ -76,6 +84,11 @@ class DeltaWorker:
         if status == "merged" and in_flight:
             return [w + d for w, d in zip(pulled, result)]
         return pulled
+
+    @staticmethod
+    def base(version, status, in_flight):
+        # The delta in flight is in the start already: its own merge does not make the next result staler.
+        return version + 1 if status == "merged" and in_flight else version
 
 
 class Rule:
@@ -100,3 +113,14 @@ class Rule:
 
     def on_result(self, worker, message):
         raise NotImplementedError
+
+    def scale(self, message):
+        """What a result is merged with: 1/--factor where one is given, else 1/its staleness (Zhang, Gupta, Lian
+        and Liu 2016, "Staleness-aware async-SGD"). N workers each adding a step computed on weights N merges old
+        is N times the step one process takes (the async runs at 4 and 8 workers diverged on LeNet's own rate);
+        divided by the staleness, the steps of a round of N results add up to one process's."""
+        factor = self.options.get("factor")
+        return 1.0 / (factor if factor else self.master.staleness(message))
+
+    # What to change when a merge brings NaN or Inf into W (the master's one line says it).
+    advice = "lower the solver's base_lr"

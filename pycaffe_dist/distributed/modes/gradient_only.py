@@ -1,30 +1,37 @@
 """Gradient-only SGD (Downpour): workers push the raw gradient of one forward-backward pass (summed over
 iter_size) at the weights they pulled; the master applies the solver's own update rule to W (the same
 functions as the local Solver: learning rate at the merge count, clipping, normalization, weight decay,
-momentum or Adam's moments, held on the master). Workers wait for each reply (depth 0): computing the next
-gradient meanwhile would make every gradient one more update stale, which with momentum diverges (LeNet's
-lr 0.01, momentum 0.9 does within 100 merges); `--overlap` allows it anyway. No --tau: a round is one gradient."""
-from .base import OVERLAP, Rule
+momentum or Adam's moments, held on the master), with the rate scaled by 1/the gradient's staleness (or
+1/--factor). Momentum against stale gradients is momentum twice over: N workers' gradients computed on weights N
+updates old act as an implicit momentum of about 1 - 1/N (Mitliagkas et al. 2016) on top of the solver's, and
+LeNet's lr 0.01 with momentum 0.9 diverged within 100 merges at 8 workers; at rate / staleness the N updates of a
+round move W as far as one process's update. No --tau: a round is one gradient."""
+from .base import FACTOR, OVERLAP, Rule
 
-OPTIONS = (OVERLAP,)
+OPTIONS = (FACTOR, OVERLAP)
 
 
 class Worker:
     gradients = True
 
     @staticmethod
-    def result(x_start, x_end, gradients, centre, options):
+    def result(x_start, x_end, gradients, centre, options, workers):
         return gradients
 
     @staticmethod
     def next_start(status, pulled, x_end, result, in_flight):
         return pulled
 
+    @staticmethod
+    def base(version, status, in_flight):
+        return version
+
 
 class Master(Rule):
     depth = 0
+    advice = "lower the solver's base_lr, or give --factor (the rate / FACTOR) at least the number of workers"
 
     def on_result(self, worker, message):
-        self.master.apply_gradients(self.master.read_result(worker))
+        self.master.apply_gradients(self.master.read_result(worker), self.scale(message))
         self.master.merged([message])
         self.master.reply(worker, "merged")

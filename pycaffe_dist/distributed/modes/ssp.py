@@ -1,16 +1,19 @@
-"""Partially synchronous SGD with true bounded staleness (`--max-advance s`): results merge as in async, but a
+"""Partially synchronous SGD with true bounded staleness (`--max-advance s`): results merge as in async (scaled by
+1/their staleness, or 1/--factor), but a
 worker may start round k only while k - (rounds completed by the slowest live worker) <= s. Only a worker that
 is too far ahead waits, and only until the slowest catches up; SpeeDO instead stopped everybody at a global
 barrier whenever the spread reached s. The reply to round r allows round r + 1 + depth (depth 1 overlaps an
 exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on)."""
-from .base import OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
+from .base import FACTOR, OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
 
 MAX_ADVANCE = Option("max_advance", int, 1, "rounds a worker may run ahead of the slowest", at_least(0))
-OPTIONS = (TAU, MAX_ADVANCE, OVERLAP)
+OPTIONS = (TAU, MAX_ADVANCE, FACTOR, OVERLAP)
 Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):
+    advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
+
     def __init__(self, master, options):
         super().__init__(master, options)
         self.max_advance = options["max_advance"]
@@ -34,7 +37,7 @@ class Master(Rule):
         self._release()
 
     def on_result(self, worker, message):
-        self.master.add_to_weights(self.master.read_result(worker), 1.0)
+        self.master.add_to_weights(self.master.read_result(worker), self.scale(message))
         self.master.merged([message])
         self.completed[worker] = self.completed.get(worker, 0) + 1
         self.held.append(worker)

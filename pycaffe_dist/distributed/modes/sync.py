@@ -3,37 +3,53 @@ that stops beating its heart is left out of the round after the heartbeat timeou
 that joins takes part from the next round. The mean is over the deltas that arrived (SpeeDO divided by the
 number of workers even when some were missing). Overlapped (the default), a worker computes round r+1 from the
 W of round r-1 plus its own delta of round r while the barrier of round r closes: W itself only moves by the
-barrier's mean, and the workers are at most one round behind it; `--no-overlap` waits at every barrier."""
+barrier's mean, and the workers are at most one round behind it; `--no-overlap` waits at every barrier.
+
+Backup workers (`--backup b`, Chen, Pan, Monga, Bengio and Jozefowicz 2016): a round closes as soon as all but b
+of its workers have delivered, so the slowest b never hold it up. A straggler's result that arrives after its
+round closed is dropped (the reply says so, and the worker starts again from the new W); its next result counts
+in the round open then."""
 import numpy as np
 
-from .base import OVERLAP, TAU, DeltaWorker, Rule
+from .base import OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
 
-OPTIONS = (TAU, OVERLAP)
+BACKUP = Option("backup", int, 0, "close each round when all but B workers have delivered, and drop the late "
+                "results (backup workers)", at_least(0))
+OPTIONS = (TAU, BACKUP, OVERLAP)
 Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):
+    advice = "lower the solver's base_lr"
+
     def __init__(self, master, options):
         super().__init__(master, options)
+        self.backup = options["backup"]
+        self.round = 0
+        self.due = {}              # worker -> the round its next result counts in
         self.waiting, self.delivered, self.joining = set(), [], []
         self.total, self.messages = None, []
 
     def start(self, workers):
         self._open_round(workers)
         for w in workers:
+            self.due[w] = self.round
             self.master.reply(w, "welcome")
 
     def _open_round(self, workers):
+        self.round += 1
         self.waiting, self.delivered, self.messages, self.total = set(workers), [], [], None
 
     def on_join(self, worker):
         if not self.waiting and not self.delivered:
             self.waiting.add(worker)
+            self.due[worker] = self.round
             self.master.reply(worker, "welcome")
         else:
             self.joining.append(worker)
 
     def on_lost(self, worker):
+        self.due.pop(worker, None)
         if worker in self.joining:
             self.joining.remove(worker)
         if worker in self.waiting:
@@ -44,6 +60,12 @@ class Master(Rule):
 
     def on_result(self, worker, message):
         if worker not in self.waiting:
+            return
+        if self.due[worker] < self.round:
+            # Computed for a round that closed without it: the others' mean has moved W on.
+            self.due[worker] = self.round
+            self.master.dropped(message)
+            self.master.reply(worker, "dropped")
             return
         delta = self.master.read_result(worker)
         if self.total is None:
@@ -57,14 +79,15 @@ class Master(Rule):
         self._maybe_close()
 
     def _maybe_close(self):
-        if self.waiting:
+        if self.waiting and not (self.delivered and len(self.waiting) <= self.backup):
             return
         if self.delivered:
             self.master.add_to_weights(self.total, 1.0 / len(self.delivered))
             self.master.merged(self.messages)
-        everyone = self.delivered + self.joining
+        stragglers, everyone = sorted(self.waiting), self.delivered + self.joining
         self.joining = []
         status = {w: "merged" for w in self.delivered}
-        self._open_round(everyone)
+        self._open_round(everyone + stragglers)
         for w in everyone:
+            self.due[w] = self.round
             self.master.reply(w, status.get(w, "welcome"))

@@ -1,18 +1,22 @@
-"""Weed-out SGD (`--weedout n`): a result merges (as in async) only if its worker's previous completion is among
-the last N completions, N = max(n, live workers); otherwise it is dropped and the worker starts again from W.
-A straggler's stale work is thrown away instead of pulling W back."""
+"""Weed-out SGD (`--weedout n`): a result merges (as in async: scaled by 1/its staleness, or 1/--factor) only if
+its worker's previous completion is among the last N completions, N = max(n, live workers); otherwise it is
+dropped and the worker starts again from W. A straggler's stale work is thrown away instead of pulling W back.
+The default n = 1 makes the window the live workers: in a round where every worker reports once each result is
+kept, and a worker overtaken by a full round of the others is weeded out; it follows N as workers come and go.
+(SpeeDO had no default: weed-out would not start without one.)"""
 from collections import deque
 
-from .base import OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
+from .base import FACTOR, OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
 
-# No default yet: weed-out needs --weedout N.
-WEEDOUT = Option("weedout", int, 0, "merge a result only if its worker is among the last N to report",
-                 at_least(1))
-OPTIONS = (TAU, WEEDOUT, OVERLAP)
+WEEDOUT = Option("weedout", int, 1, "merge a result only if its worker is among the last max(N, live workers) "
+                 "to report", at_least(1))
+OPTIONS = (TAU, WEEDOUT, FACTOR, OVERLAP)
 Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):
+    advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
+
     def __init__(self, master, options):
         super().__init__(master, options)
         self.n = options["weedout"]
@@ -41,7 +45,7 @@ class Master(Rule):
         while len(self.recent) > self._window():
             self.recent.popleft()
         if accept:
-            self.master.add_to_weights(self.master.read_result(worker), 1.0)
+            self.master.add_to_weights(self.master.read_result(worker), self.scale(message))
             self.master.merged([message])
             self.master.reply(worker, "merged")
         else:
