@@ -53,6 +53,9 @@ def add_train_flags(parser):
     parser.add_argument("--stats", help="distributed: write the master's summary (rates, tests) to this JSON file")
     parser.add_argument("--slow-worker", metavar="ID:SECONDS", action="append", type=slow_worker, default=[],
                         help="for trying stragglers out: worker ID sleeps SECONDS after every round (repeatable)")
+    parser.add_argument("--link", metavar="RATE:DELAY", help="emulate a network link per worker with network "
+                        "namespaces and tc netem, needs root; e.g. 1gbit:0.2ms, 100mbit:2ms (each direction has "
+                        "the rate and the one-way delay)")
     add_mode_flags(parser)
 
 
@@ -78,6 +81,13 @@ def cmd_train_distributed(args):
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     if args.workers < 1:
         raise PycaffeDistError("--workers must be at least 1, got %d" % args.workers)
+    link = None
+    if args.link is not None:
+        from ..distributed.links import parse_link
+        link = parse_link(args.link)             # a bad spec: one line, before any process starts
+        if args.redis is not None:
+            raise PycaffeDistError("--link runs the workers in network namespaces that reach only the private "
+                                   "redis-server: no --redis with it")
     settings = Settings(solver=args.solver, workers=args.workers, mode=args.mode or "async",
                         options=mode_options(args), job=args.job, snapshot=args.snapshot, weights=args.weights,
                         heartbeat_s=args.heartbeat, keep=args.keep, max_iter=args.iterations,
@@ -105,7 +115,8 @@ def cmd_train_distributed(args):
     progress = training_log.DistributedProgress(handler) if handler is not None else None
     try:
         code = launch.run_local(settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
-                                gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, slow_workers=slow)
+                                gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, link=link,
+                                slow_workers=slow)
     finally:
         if handler is not None:
             handler.finish()

@@ -53,6 +53,8 @@ def cmd_train(args):
     if len(gpus) > 1 and args.workers is None:
         # Several GPUs train one net as Caffe's multi-GPU training does: synchronously, one worker per GPU.
         args.workers, args.mode = len(gpus), args.mode or "sync"
+    if args.workers is None and args.link is not None:
+        raise PycaffeDistError("--link emulates the workers' network links: give --workers N")
     if args.workers is not None or args.mode is not None or args.redis is not None:
         if args.workers is None:
             raise PycaffeDistError("--mode and --redis train on workers: give --workers N")

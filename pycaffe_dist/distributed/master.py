@@ -343,12 +343,15 @@ class Master:
         taken = {m.slot for m in list(self.members.values()) + list(self.pending.values())}
         slot = next(i for i in range(len(taken) + 1) if i not in taken)
         info = {"host": str(message.get("host", "?"))[:200], "pid": int(message.get("pid", 0)), "slot": slot}
+        if message.get("address"):
+            info["address"] = str(message["address"])[:100]
         self.pending[worker] = Member(worker, slot, info)
         self.store.add_member(worker, info)
         self.store.reply_to(worker, {"status": "slot", "slot": slot, "shards": self.workers_wanted,
                                      "epoch": self.epoch})
-        log.info("Worker %s joined from %s (pid %s): data shard %d of %d", worker, info["host"], info["pid"],
-                 slot % self.workers_wanted, self.workers_wanted)
+        log.info("Worker %s joined from %s%s (pid %s): data shard %d of %d", worker, info["host"],
+                 " at " + info["address"] if "address" in info else "", info["pid"], slot % self.workers_wanted,
+                 self.workers_wanted)
 
     def _start(self):
         self.started = True

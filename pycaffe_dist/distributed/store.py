@@ -33,6 +33,7 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import time
 import urllib.parse
 
@@ -64,6 +65,23 @@ def describe(url):
     if parts.scheme == "unix":
         return "unix://" + parts.path
     return "%s://%s:%s" % (parts.scheme, parts.hostname, parts.port or 6379)
+
+
+def local_address(url):
+    """This machine's address on its way to the Redis server at `url` (the address the server sees; it tells
+    workers on one host apart, e.g. in network namespaces), or None for a unix socket or an unknown host. A UDP
+    socket's connect only picks the route: nothing is sent."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "unix" or not parts.hostname:
+        return None
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(parts.hostname, parts.port or 6379,
+                                                           type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(where)
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
 
 
 def connect(url, timeout=10.0):

@@ -21,7 +21,7 @@ from ..errors import StoreError
 from ..solver.solver import Solver
 from . import job as jobs
 from .modes import MODES
-from .store import Store
+from .store import Store, local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
 POLL_S = 1.0
@@ -123,7 +123,7 @@ class Worker:
     # --- setup -------------------------------------------------------------------------------------------------
 
     def _join(self):
-        info = {"host": socket.gethostname(), "pid": os.getpid()}
+        info = {"host": socket.gethostname(), "address": local_address(self.store.urls[0]), "pid": os.getpid()}
         self.store.send_to_master(dict(info, type="join", worker=self.id))
         reply = self._await(lambda m: m.get("status") in ("slot", "reset"))
         if reply.get("status") == "reset":      # a restarted master: join again
