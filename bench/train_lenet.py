@@ -85,6 +85,7 @@ def write_solver(work_dir, train_file, test_file, iterations):
 
 
 # --- the PyTorch replica (child process) ----------------------------------------------------------------
+# bench/scaling.py's DDP reference uses torch_lenet, param_mults and caffe_sgd_step too.
 
 def load_split(path):
     """All records of a datumfile as (N, 1, 28, 28) float32 scaled by 1/256 and int64 labels, in file order."""

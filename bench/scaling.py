@@ -1,0 +1,595 @@
+"""Does distributed training scale? LeNet on Fashion-MNIST: 1..N workers in every mode against 1 process and DDP.
+
+    python bench/scaling.py [--batches 2000] [--every 80] [--workers 1,2,4,8,16] [--modes sync,async,...]
+                            [--threads 1] [--link RATE:DELAY] [--target 0.85] [--timeout 1800]
+                            [--out out/bench_scaling] [--plot <out>.png]
+
+Every run trains prototxt/lenet_solver.prototxt's LeNet (prototxt/lenet_train_test.prototxt) from the same
+weights (random_seed 1) on the same images: --batches batches of 64 in total (128,000 images by default, 2.1
+epochs of the 60,000). Runs, one after the other (never two at once), each in child processes started in the repo
+root (the net's Data layers read data/fashion-mnist/{train,test}.datumfile relative to it), T = --threads:
+- "1 process, 1 thread": `dist_caffe train --threads 1`, --batches solver iterations; the baseline of the speed-ups.
+- for each N of --workers, capped so that N x T <= the cores this process may use (os.sched_getaffinity; the
+  bench prints the N it drops and why: workers sharing cores would time each other's slices, not scale):
+  - "1 process, N*T threads": `dist_caffe train --threads N*T` (run once per thread count; also a 2-thread one,
+    which the first target names).
+  - "DDP": PyTorch DistributedDataParallel, backend gloo on the CPU, N processes (this script with --ddp-child,
+    MASTER_ADDR 127.0.0.1 and a free MASTER_PORT), each torch.set_num_threads(T). The same net, the same initial
+    weights (taken from our solver with random_seed 1) and Caffe's SGD rule (bench/train_lenet.py: lr_mult,
+    decay_mult, the inv policy, Caffe's momentum form). Rank r reads the training datumfile and keeps the records
+    p with p % N == r, in file order (the shard our workers' Data layers read), and takes batches of 64 from it in
+    order with wrap-around, batches/N steps: the same images in total. DDP averages the N gradients of a step, so
+    its effective batch is 64 N and the learning-rate schedule counts steps (batches/N of them), not images.
+    Rank 0 writes the weights (.npz) at the same image counts as our snapshots.
+  - each mode of --modes: `dist_caffe train --workers N --mode M --threads T --stats F` with no mode options (the
+    modes' defaults; a mode that cannot run without options fails and is reported as failed), plus `--link
+    RATE:DELAY` when given (the link applies to our distributed runs only; the references run locally).
+    A distributed run counts merges: one merge takes one worker batch (64 images, tau 1) in the async-like modes
+    and one round of all N workers (64 N images) in sync, so it runs batches (sync: batches / N) merges.
+Each run gets its own solver (--out/<run>/solver.prototxt): lenet_solver with no tests during training, random
+seed 1, a snapshot of the (global) weights every --every batches' images (every --every iterations, merges in the
+async-like modes, --every / N merges in sync and DDP steps) and after the last one.
+Units: wall seconds from just before the first child is started (Python start-up, torch's import, the private
+redis-server and the workers' joining included) to the snapshot file's mtime. Only after all runs are done (so that
+scoring does not compete with training for the cores) is every snapshot scored in this process, with our Net, on
+all 10,000 test images (100 batches of 100). A snapshot whose test loss is not finite counts as diverged and is
+not scored (NaN outputs make Caffe's Accuracy layer count every image as right); a run with one is "diverged".
+- time to 0.85: wall seconds to the first snapshot scoring >= --target (0.85) test accuracy; "x 1-process (1
+  thread)", "x 1-process (N*T threads)", "x DDP (same N)": that time over the reference's, all measured in this
+  invocation.
+- images/s: images between the run's first and last snapshots over the seconds between them (the same rule for
+  every run, start-up left out); speed-up: that over the 1-thread process's. The master's own images_per_s
+  (images the workers computed / seconds since they joined) is in the .json.
+- exchange %: the master's `exchange_share` (--stats): the part of the workers' rounds spent blocked on the
+  exchange (push, the master's merge and reply, pull of W) that the overlap with the next round did not hide.
+Targets (the issue), at N = 8 workers x 2 threads: the best mode reaches 0.85 in <= 0.25 x the time of one 2-thread
+process and in <= 0.8 x the time of DDP with 8 processes; each mode spends <= 10 % of a round exchanging. Each is
+printed as met, NOT MET, or not measured here (e.g. no N = 8 on a 2-core machine).
+Writes --plot (default --out + .png, out/bench_scaling.png: test accuracy against wall seconds, every run; images/s
+over the 1-thread process against N, per mode, with the linear N x T line) and its .json (the raw results) beside it.
+A smoke run (a minute or two): --batches 200 --every 20 --workers 1,2 --modes async,sync [--target 0.75].
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))             # the checkout's package, installed or not (the children get PYTHONPATH)
+SOLVER = REPO / "prototxt" / "lenet_solver.prototxt"
+NET = REPO / "prototxt" / "lenet_train_test.prototxt"
+DATA = [REPO / "data" / "fashion-mnist" / f for f in ("train.datumfile", "test.datumfile")]
+MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only")
+BATCH, TEST_BATCHES, SCALE = 64, 100, 0.00390625        # lenet_train_test: batch 64, transform scale 1/256
+TARGET_N, TARGET_THREADS = 8, 2
+TARGET_VS_2_THREADS, TARGET_VS_DDP, TARGET_EXCHANGE = 0.25, 0.8, 0.10
+SNAPSHOT = re.compile(r"_iter_(\d+)\.(caffemodel|npz)$")
+POLL_S = 10
+
+
+# --- plan --------------------------------------------------------------------------------------------------
+
+def check_data():
+    missing = [p for p in DATA if not p.exists()]
+    if missing:
+        idx = "/usr/share/datasets/fashion-mnist/" + "%s"
+        steps = ["dist_caffe convert-idx %s-images-idx3-ubyte.gz %s-labels-idx1-ubyte.gz %s --backend datumfile"
+                 % (idx % split, idx % split, p.relative_to(REPO))
+                 for p, split in ((p, {"train": "train", "test": "t10k"}[p.stem]) for p in missing)]
+        raise SystemExit("bench: missing %s\nrun `bash tools/run_main.sh` once, or in %s:\n  %s"
+                         % (", ".join(map(str, missing)), REPO, "\n  ".join(steps)))
+
+
+def worker_counts(args, cores):
+    """The N of --workers that fit the cores (N x T threads); prints the ones dropped and why."""
+    wanted = sorted({int(n) for n in args.workers.split(",") if n.strip()})
+    if not wanted or wanted[0] < 1:
+        raise SystemExit("bench: --workers takes counts >= 1, got %r" % args.workers)
+    kept = [n for n in wanted if n * args.threads <= cores]
+    dropped = [n for n in wanted if n not in kept]
+    if dropped:
+        print("bench: stopping at N = %s: N = %s would need %s threads (N x %d) and this process may use %d cores "
+              "(os.sched_getaffinity); workers sharing cores time each other's slices instead of scaling"
+              % (kept[-1] if kept else "-", ",".join(map(str, dropped)),
+                 ",".join(str(n * args.threads) for n in dropped), args.threads, cores), flush=True)
+    if not kept:
+        raise SystemExit("bench: no N of --workers fits %d cores with --threads %d" % (cores, args.threads))
+    return kept
+
+
+def new_run(args, kind, n, threads, mode=None):
+    """A run: kind 'single' (one process), 'ddp' or 'ours' (a distributed mode), on n processes or workers."""
+    name = {"single": "1 process, %d thread%s" % (threads, "" if threads == 1 else "s"),
+            "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind]
+    # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together.
+    per_iter = n if kind == "ddp" or mode == "sync" else 1
+    if args.batches % per_iter or args.every % per_iter:
+        print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
+              % (name, args.batches, args.every, per_iter), flush=True)
+    return {"name": name, "kind": kind, "n": n, "mode": mode, "threads": threads, "images_per_iter": BATCH * per_iter,
+            "max_iter": max(1, round(args.batches / per_iter)), "every": max(1, round(args.every / per_iter)),
+            "dir": args.out / re.sub(r"[^\w.=-]+", "_", name)}
+
+
+def plan(args, counts):
+    """The runs in order: the 1-thread process, then per N its N*T-thread process (once per thread count), DDP
+    and the modes; a 2-thread process too if no N gives one (the first target's reference)."""
+    runs = [new_run(args, "single", 1, 1)]
+    thread_counts = {1}
+    for n in counts:
+        if n * args.threads not in thread_counts:
+            thread_counts.add(n * args.threads)
+            runs.append(new_run(args, "single", 1, n * args.threads))
+        runs.append(new_run(args, "ddp", n, args.threads))
+        runs += [new_run(args, "ours", n, args.threads, mode) for mode in args.modes]
+    if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
+        runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
+    return runs
+
+
+def write_solver(run):
+    """The run's solver: lenet_solver without tests, seeded, snapshotting into the run's directory."""
+    from pycaffe_dist.io.load import read_solver
+    from google.protobuf import text_format
+    solver = read_solver(SOLVER)
+    solver.net = str(NET)
+    solver.test_interval = 0
+    solver.ClearField("test_iter")
+    solver.display = 100
+    solver.max_iter = run["max_iter"]
+    solver.snapshot = run["every"]
+    solver.snapshot_after_train = True
+    solver.snapshot_prefix = str(run["dir"] / "lenet")
+    solver.random_seed = 1
+    run["dir"].mkdir(parents=True, exist_ok=True)
+    for old in run["dir"].glob("lenet_iter_*"):
+        old.unlink()
+    path = run["dir"] / "solver.prototxt"
+    path.write_text(text_format.MessageToString(solver))
+    return path
+
+
+def write_initial_weights(solver_path, path):
+    """The weights every run starts from (our solver's fill with random_seed 1), as .npz for the DDP children."""
+    import numpy as np
+    from pycaffe_dist.pycaffe import Solver
+    solver = Solver(str(solver_path))
+    blobs = [np.array(b.data) for layer in solver.net.params.values() for b in layer]
+    with open(path, "wb") as f:
+        np.savez(f, *blobs)
+
+
+# --- training ----------------------------------------------------------------------------------------------
+
+def child_env(threads, **extra):
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                MKL_NUM_THREADS=str(threads), **extra,
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(run, solver_path, args):
+    """Start the run's processes (output to <dir>/output*.log); [Popen], each in a session of its own so that a
+    timeout can stop it with whatever it started (workers, redis-server)."""
+    def popen(cmd, env, log_name):
+        with open(run["dir"] / log_name, "w") as log:
+            return subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+    if run["kind"] == "ddp":
+        port = str(free_port())
+        return [popen([sys.executable, str(pathlib.Path(__file__).resolve()), "--ddp-child", str(solver_path),
+                       "--threads", str(run["threads"]), "--init", str(args.out / "initial_weights.npz")],
+                      child_env(run["threads"], MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
+                                WORLD_SIZE=str(run["n"])), "output.rank%d.log" % rank)
+                for rank in range(run["n"])]
+    cmd = [sys.executable, "-m", "pycaffe_dist", "train", "--solver", str(solver_path), "--iterations",
+           str(run["max_iter"]), "--threads", str(run["threads"]), "--log", str(run["dir"] / "train.log")]
+    if run["kind"] == "ours":
+        cmd += ["--workers", str(run["n"]), "--mode", run["mode"], "--stats", str(run["dir"] / "stats.json")]
+        if args.link:
+            cmd += ["--link", args.link]
+    return [popen(cmd, child_env(run["threads"]), "output.log")]
+
+
+def stop(procs):
+    """End the run's process groups (ours: started by start(), by their ids): TERM, then KILL after 10 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 10
+        while any(p.poll() is None for p in procs) and time.time() < deadline:
+            time.sleep(0.2)
+
+
+def last_line(path):
+    lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()] if path.exists() else []
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def train(run, args):
+    """Run it, printing progress; fills in t0, wall_s, rc, error and stats. A failure is recorded, not raised."""
+    solver_path = write_solver(run)
+    stats_path = run["dir"] / "stats.json"
+    stats_path.unlink(missing_ok=True)
+    unit = {"single": "iterations", "ddp": "steps", "ours": "merges"}[run["kind"]]
+    print("bench: %s: %d %s of %d images, snapshot every %d ..." % (run["name"], run["max_iter"], unit,
+          run["images_per_iter"], run["every"]), flush=True)
+    run["t0"] = time.time()
+    procs = start(run, solver_path, args)
+    run["error"], report_at = None, run["t0"] + POLL_S
+    while any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            stop(procs)                   # a DDP rank that died leaves the others waiting in an allreduce
+            break
+        if time.time() - run["t0"] > args.timeout:
+            run["error"] = "timed out after %.0f s" % (time.time() - run["t0"])
+            stop(procs)
+            break
+        time.sleep(0.5)
+        if time.time() >= report_at:
+            report_at += POLL_S
+            print("bench:   %s: %.0f s, %d snapshots" % (run["name"], time.time() - run["t0"], len(snapshots(run))),
+                  flush=True)
+    run["wall_s"] = time.time() - run["t0"]
+    codes = [p.wait() for p in procs]
+    run["rc"] = next((c for c in codes if c != 0), 0)
+    run["stats"] = json.loads(stats_path.read_text()) if stats_path.exists() else None
+    if run["rc"] != 0:
+        log = run["dir"] / ("output.rank%d.log" % codes.index(run["rc"]) if run["kind"] == "ddp" else "output.log")
+        run["error"] = run["error"] or "exit %d: %s" % (run["rc"], last_line(log))
+        print("bench: %s FAILED (%s), see %s" % (run["name"], run["error"], log), flush=True)
+    else:
+        print("bench: %s done in %.1f s" % (run["name"], run["wall_s"]), flush=True)
+
+
+def load_shard(path, rank, world):
+    """The records p % world == rank of a datumfile, in file order: (uint8 images (n, 1, 28, 28), int64 labels)."""
+    import numpy as np
+    from pycaffe_dist.data.sources import open_records, parse_datum
+    images, labels = [], []
+    with open_records(str(path), "datumfile") as source:
+        for p, (key, value) in enumerate(source):
+            if p % world == rank:
+                datum = parse_datum(value, "%s: record %r" % (path, key))
+                images.append(np.frombuffer(datum.data, np.uint8).reshape(datum.channels, datum.height, datum.width))
+                labels.append(datum.label)
+    return np.stack(images), np.asarray(labels, np.int64)
+
+
+def ddp_child(solver_path, init_path, threads):
+    """One DDP rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment): Caffe's SGD on its shard, the
+    gradients averaged by DDP; rank 0 writes the weights every `snapshot` steps and after the last one."""
+    import datetime
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from train_lenet import caffe_sgd_step, param_mults, torch_lenet   # bench/, this script's directory
+    from pycaffe_dist.io.load import read_net, read_solver
+    from pycaffe_dist.proto import caffe_pb2
+    torch.set_num_threads(threads)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    s = read_solver(solver_path)
+    net = read_net(s.net)
+    train_data = next(l.data_param for l in net.layer if l.type == "Data" and l.include[0].phase == caffe_pb2.TRAIN)
+    images, labels = load_shard(REPO / train_data.source, rank, world)
+    model = torch_lenet(torch, 0)
+    with torch.no_grad(), np.load(init_path) as init:
+        for i, p in enumerate(model.parameters()):
+            p.copy_(torch.from_numpy(init["arr_%d" % i]))
+    ddp = DistributedDataParallel(model)
+    params = [(p, lr_mult, decay_mult) for p, (lr_mult, decay_mult) in zip(model.parameters(), param_mults(net))]
+    history = [torch.zeros_like(p) for p, _, _ in params]
+    loss_fn = torch.nn.CrossEntropyLoss()             # SoftmaxWithLoss, normalization VALID: mean over the batch
+    batch = train_data.batch_size
+
+    def snapshot(step):
+        path = "%s_iter_%d.npz" % (s.snapshot_prefix, step)
+        with open(path + ".tmp", "wb") as f:          # renamed when complete (keeps the write's mtime)
+            np.savez(f, *[p.detach().numpy() for p in model.parameters()])
+        os.replace(path + ".tmp", path)
+
+    for step in range(s.max_iter):
+        idx = np.arange(step * batch, (step + 1) * batch) % len(images)
+        x = torch.from_numpy(images[idx].astype(np.float32) * np.float32(SCALE))
+        model.zero_grad(set_to_none=False)
+        loss = loss_fn(ddp(x), torch.from_numpy(labels[idx]))
+        loss.backward()                               # DDP: the gradients averaged over the ranks
+        caffe_sgd_step(torch, params, history, s, step)
+        if rank == 0 and s.display and step % s.display == 0:
+            print("Iteration %d, loss = %g" % (step, loss.item()), flush=True)
+        if rank == 0 and ((step + 1) % s.snapshot == 0 or step + 1 == s.max_iter):
+            snapshot(step + 1)
+    dist.destroy_process_group()
+
+
+# --- scoring -----------------------------------------------------------------------------------------------
+
+def snapshots(run):
+    """[(iteration, wall seconds, path)] of the run's snapshots (.caffemodel, DDP's .npz), by iteration."""
+    found = []
+    for path in run["dir"].glob("lenet_iter_*"):
+        m = SNAPSHOT.search(path.name)
+        if m:
+            found.append((int(m.group(1)), path.stat().st_mtime - run["t0"], path))
+    return sorted(found)
+
+
+def test_net(threads):
+    from pycaffe_dist import common
+    from pycaffe_dist.pycaffe import TEST, Net
+    common.set_num_threads(threads)
+    return Net(str(NET), TEST)
+
+
+def load(net, path):
+    """Our .caffemodel, or DDP's .npz (the blobs in the net's order: torch's shapes are Caffe's)."""
+    import numpy as np
+    from pycaffe_dist.io.caffemodel import load_weights
+    if path.suffix == ".caffemodel":
+        return load_weights(net, str(path))
+    blobs = [b for layer in net.params.values() for b in layer]
+    with np.load(path) as arrays:
+        for i, blob in enumerate(blobs):
+            blob.data[...] = arrays["arr_%d" % i]
+
+
+def score(net, path):
+    """(accuracy, loss) of the weights in `path` over the 100 test batches of 100 (the whole test set); (None,
+    None) where the loss is not finite (diverged weights: NaN scores make the Accuracy layer count all as right)."""
+    import numpy as np
+    load(net, path)
+    accuracy = loss = 0.0
+    for _ in range(TEST_BATCHES):
+        net.forward_from_to()
+        accuracy += float(np.asarray(net.blobs["accuracy"].data).ravel()[0])
+        loss += float(np.asarray(net.blobs["loss"].data).ravel()[0])
+    if not math.isfinite(loss):
+        return None, None
+    return accuracy / TEST_BATCHES, loss / TEST_BATCHES
+
+
+def evaluate(runs, threads):
+    net = test_net(threads)
+    for run in runs:
+        found = snapshots(run)
+        print("bench: scoring %d snapshots of %s ..." % (len(found), run["name"]), flush=True)
+        run["points"] = [{"iter": it, "images": it * run["images_per_iter"], "time_s": t, "accuracy": a, "loss": l}
+                         for it, t, path in found for a, l in [score(net, path)]]
+
+
+# --- summary -----------------------------------------------------------------------------------------------
+
+def summarize(run, target):
+    points = run["points"]
+    run["time_to_target_s"] = next((p["time_s"] for p in points if (p["accuracy"] or 0) >= target), None)
+    run["final_accuracy"] = points[-1]["accuracy"] if points else None
+    run["diverged"] = any(p["accuracy"] is None for p in points)
+    if len(points) >= 2 and points[-1]["time_s"] > points[0]["time_s"]:
+        first, last = points[0], points[-1]
+        run["images_per_s"] = (last["images"] - first["images"]) / (last["time_s"] - first["time_s"])
+    else:
+        run["images_per_s"] = points[0]["images"] / points[0]["time_s"] if points else None
+    stats = run.get("stats") or {}
+    run["exchange_share"] = stats.get("exchange_share")
+    run["master_images_per_s"] = stats.get("images_per_s")
+
+
+def references(runs):
+    """Lookups of the reference runs: the 1-process run by thread count, DDP by N."""
+    single = {r["threads"]: r for r in runs if r["kind"] == "single"}
+    ddp = {r["n"]: r for r in runs if r["kind"] == "ddp"}
+    return single, ddp
+
+
+def ratio(run, ref):
+    t, base = run["time_to_target_s"], ref and ref["time_to_target_s"]
+    return t / base if t is not None and base else None
+
+
+def fmt(value, form):
+    return "-" if value is None else form % value
+
+
+def percent(share):
+    return None if share is None else 100 * share
+
+
+def table(runs, args):
+    single, ddp = references(runs)
+    base = single[1]
+    header = ["run", "N", "mode", "time to %.2f (s)" % args.target, "x 1-process (1 thread)",
+              "x 1-process (N*T threads)", "x DDP (same N)", "final accuracy", "images/s", "speed-up vs 1 thread",
+              "exchange %"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        t = run["time_to_target_s"]
+        own = run["kind"] != "single" and single.get(run["n"] * args.threads)
+        if run["rc"] != 0:
+            final = "FAILED (see below)"
+        else:
+            final = "diverged (NaN loss)" if run["diverged"] else fmt(run["final_accuracy"], "%.4f")
+        speed = run["images_per_s"] / base["images_per_s"] if run["images_per_s"] and base["images_per_s"] else None
+        cells = [run["name"], str(run["n"]), run["mode"] or ("DDP, gloo" if run["kind"] == "ddp" else "-"),
+                 "not reached" if t is None else "%.1f" % t,
+                 fmt(ratio(run, base), "%.2f"), fmt(ratio(run, own) if own else None, "%.2f"),
+                 fmt(ratio(run, ddp.get(run["n"])) if run["kind"] == "ours" else None, "%.2f"), final,
+                 fmt(run["images_per_s"], "%.0f"), fmt(speed, "%.2f"), fmt(percent(run["exchange_share"]), "%.1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ["N: processes (the workers of ours, DDP's ranks); T = --threads %d per worker or rank." % args.threads]
+    notes += ["FAILED: %s: %s" % (run["name"], run["error"]) for run in runs if run["rc"] != 0]
+    if args.link:
+        notes.append("--link %s applies to our distributed runs only; the 1-process and DDP references run locally."
+                     % args.link)
+    return "\n".join(lines + [""] + notes)
+
+
+def verdict(runs, args):
+    """The issue's three targets at N = 8 x 2 threads: met, NOT MET, or not measured here (and why)."""
+    single, ddp = references(runs)
+    at_n = [r for r in runs if r["kind"] == "ours" and r["n"] == TARGET_N]
+    if not at_n:
+        why = ("not measured here: no N = %d run (%d workers x %d thread(s) need %d cores; this process may use %d)"
+               % (TARGET_N, TARGET_N, args.threads, TARGET_N * args.threads, args.cores)
+               if TARGET_N * args.threads > args.cores else "not measured here: --workers has no %d" % TARGET_N)
+        return "\n".join("- %s: %s" % (t, why) for t in (
+            "best mode at N = %d <= %.2f x one 2-thread process's time to %.2f" % (TARGET_N, TARGET_VS_2_THREADS,
+                                                                                   args.target),
+            "best mode at N = %d <= %.1f x DDP with %d processes" % (TARGET_N, TARGET_VS_DDP, TARGET_N),
+            "exchange <= %.0f %% of a round at N = %d" % (100 * TARGET_EXCHANGE, TARGET_N)))
+    note = "" if args.threads == TARGET_THREADS else " (measured with --threads %d; the target names %d)" % (
+        args.threads, TARGET_THREADS)
+    reached = [r for r in at_n if r["time_to_target_s"] is not None]
+    best = min(reached, key=lambda r: r["time_to_target_s"]) if reached else None
+    out = []
+    for label, ref, limit in (("one 2-thread process", single.get(TARGET_THREADS), TARGET_VS_2_THREADS),
+                              ("DDP with %d processes" % TARGET_N, ddp.get(TARGET_N), TARGET_VS_DDP)):
+        head = "best mode at N = %d <= %.2f x %s's time to %.2f%s" % (TARGET_N, limit, label, args.target, note)
+        if best is None:
+            out.append("- %s: NOT MET (no mode reached %.2f at N = %d)" % (head, args.target, TARGET_N))
+        elif ref is None or ref["time_to_target_s"] is None:
+            out.append("- %s: not measured here (%s %s)" % (head, label, "did not run" if ref is None
+                                                            else "did not reach %.2f" % args.target))
+        else:
+            r = ratio(best, ref)
+            out.append("- %s: %s (%s: %.1f s = %.2f x %.1f s)" % (head, "met" if r <= limit else "NOT MET",
+                                                                  best["name"], best["time_to_target_s"], r,
+                                                                  ref["time_to_target_s"]))
+    shares = [(r["name"], r["exchange_share"]) for r in at_n if r["exchange_share"] is not None]
+    bad = [(n, s) for n, s in shares if s > TARGET_EXCHANGE]
+    head = "exchange <= %.0f %% of a round at N = %d%s" % (100 * TARGET_EXCHANGE, TARGET_N, note)
+    listed = ", ".join("%s %.1f %%" % (n, 100 * s) for n, s in shares)
+    out.append("- %s: %s" % (head, "not measured here (no mode at N = %d wrote its stats)" % TARGET_N if not shares
+                             else "%s (%s)" % ("met" if not bad else "NOT MET", listed)))
+    return "\n".join(out)
+
+
+def plot(runs, args, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    fig, (ax_acc, ax_speed) = plt.subplots(1, 2, figsize=(15, 6))
+    kinds = ["single", "ddp"] + list(args.modes)
+    colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
+    counts = sorted({r["n"] for r in runs})
+    styles = ["-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1))]
+    for run in runs:
+        key = run["mode"] or run["kind"]
+        style = styles[counts.index(run["n"]) % len(styles)] if run["kind"] != "single" else "-"
+        accuracy = [float("nan") if p["accuracy"] is None else p["accuracy"] for p in run["points"]]   # gaps
+        ax_acc.plot([p["time_s"] for p in run["points"]], accuracy, ls=style, marker=".", ms=3, color=colours[key],
+                    lw=1 + (run["threads"] - 1) * 0.4 if run["kind"] == "single" else 1.2, label=run["name"])
+    ax_acc.axhline(args.target, color="grey", ls="--", lw=0.8)
+    lowest = min([p["accuracy"] for r in runs for p in r["points"] if p["accuracy"] is not None] + [0.7])
+    ax_acc.set(xlabel="wall seconds since launch", ylabel="test accuracy (10,000 images)", ylim=(max(0, lowest - 0.02),
+               None), title="LeNet, Fashion-MNIST, %d batches of 64 (line style: N)" % args.batches)
+    ax_acc.grid(alpha=0.3)
+    ax_acc.legend(fontsize=7, ncol=2)
+    single, _ = references(runs)
+    base = single[1]["images_per_s"]
+    for key in kinds:
+        pts = [(r["n"] if r["kind"] != "single" else r["threads"] // args.threads, r["images_per_s"] / base)
+               for r in runs if (r["mode"] or r["kind"]) == key and r["images_per_s"] and base and r["rc"] == 0]
+        if key == "single":
+            pts = [(n, s) for n, s in pts if n >= 1]
+        if pts:
+            pts.sort()
+            label = {"single": "1 process, N*T threads", "ddp": "DDP"}.get(key, key)
+            ax_speed.plot([n for n, _ in pts], [s for _, s in pts], "o-", color=colours[key], label=label)
+    ax_speed.plot(counts, [n * args.threads for n in counts], color="black", ls="--", lw=0.8,
+                  label="linear (N x T)")
+    ax_speed.set(xlabel="N (workers, ranks; 1 process: threads / T)", ylabel="images/s over the 1-thread process",
+                 xscale="log", yscale="log", title="speed-up, T = %d thread(s) each" % args.threads)
+    ax_speed.set_xticks(counts, [str(n) for n in counts])
+    ax_speed.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax_speed.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    ax_speed.grid(alpha=0.3, which="both")
+    ax_speed.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    print("bench: wrote", path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, default=2000, help="batches of 64 every run trains on (default 2000)")
+    ap.add_argument("--every", type=int, default=80, help="snapshot (test point) every N batches' images "
+                    "(default 80: a multiple of every N of the default --workers)")
+    ap.add_argument("--workers", default="1,2,4,8,16", help="comma list of N (capped: N x --threads <= cores)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes (default: all six)")
+    ap.add_argument("--threads", type=int, default=1, help="threads of each worker and DDP rank (default 1)")
+    ap.add_argument("--link", metavar="RATE:DELAY", help="passed to our distributed runs as `train --link`")
+    ap.add_argument("--target", type=float, default=0.85, help="the test accuracy to time (default 0.85)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds after which a run is stopped (failed)")
+    ap.add_argument("--out", default="out/bench_scaling", help="run directories (relative: to the repo root)")
+    ap.add_argument("--plot", help="PNG to write (relative: to the repo root; default <out>.png, "
+                    "out/bench_scaling.png); the raw results go to the same name with .json")
+    ap.add_argument("--ddp-child", metavar="SOLVER", help=argparse.SUPPRESS)
+    ap.add_argument("--init", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.ddp_child:
+        return ddp_child(args.ddp_child, args.init, args.threads)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown:
+        raise SystemExit("bench: unknown mode(s) %s (use %s)" % (", ".join(unknown), ", ".join(MODES)))
+    args.out = pathlib.Path(args.out) if os.path.isabs(args.out) else REPO / args.out
+    plot_path = pathlib.Path(args.plot) if args.plot else args.out.with_suffix(".png")
+    plot_path = plot_path if plot_path.is_absolute() else REPO / plot_path
+    args.cores = len(os.sched_getaffinity(0))
+    check_data()
+    os.chdir(REPO)                        # the TEST net's data source is relative to the repo root
+    counts = worker_counts(args, args.cores)
+    runs = plan(args, counts)
+    print("bench: %d runs of %d images each on %d cores: %s" % (len(runs), args.batches * BATCH, args.cores,
+          ", ".join(r["name"] for r in runs)), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_initial_weights(write_solver(runs[0]), args.out / "initial_weights.npz")
+    start_s = time.time()
+    for run in runs:
+        train(run, args)
+    training_s = time.time() - start_s
+    print("bench: training done in %.0f s" % training_s, flush=True)
+    scoring_s = time.time()
+    evaluate(runs, args.cores)
+    print("bench: scoring done in %.0f s" % (time.time() - scoring_s), flush=True)
+    for run in runs:
+        summarize(run, args.target)
+    print()
+    print(table(runs, args))
+    print()
+    print("Targets (the issue; N = %d workers x %d threads):" % (TARGET_N, TARGET_THREADS))
+    print(verdict(runs, args))
+    plot_path.parent.mkdir(parents=True, exist_ok=True)
+    plot(runs, args, plot_path)
+    keep = ("name", "kind", "n", "mode", "threads", "images_per_iter", "max_iter", "every", "rc", "error", "wall_s",
+            "points", "time_to_target_s", "final_accuracy", "diverged", "images_per_s", "master_images_per_s",
+            "exchange_share", "stats")
+    raw = {"batches": args.batches, "every": args.every, "threads": args.threads, "link": args.link,
+           "cores": args.cores, "target_accuracy": args.target, "training_s": training_s,
+           "runs": [dict({k: run.get(k) for k in keep}, dir=str(run["dir"])) for run in runs]}
+    plot_path.with_suffix(".json").write_text(json.dumps(raw, indent=1))
+    print("bench: wrote", plot_path.with_suffix(".json"))
+
+
+if __name__ == "__main__":
+    main()
