@@ -47,3 +47,18 @@ def test_mode_survives_a_killed_worker(mode, options, procs, make_solver, store_
     stats = procs.stats()
     assert stats["count"] == merges and list(stats["workers"]) == ["0"]
     assert accuracies(stats)[-1] > 0.8
+
+
+def test_sync_backup_workers_drop_a_slow_workers_results_and_do_not_wait_for_it(procs, make_solver):
+    """3 workers, --backup 1, worker 2 sleeping 0.5 s after each round: the rounds close with workers 0 and 1 and
+    take the fast workers' time; the slow worker's results arrive after their round closed and are dropped."""
+    job, rounds = "backup", 2000
+    procs.master(job, make_solver(max_iter=rounds), "sync", 3, "--backup", 1)
+    for index in (0, 1):
+        procs.worker(job, index)
+    procs.worker(job, 2, "--delay", 0.5)
+    procs.check("master", 180)
+    stats = procs.stats()
+    assert stats["count"] == rounds and stats["dropped"] >= 2
+    assert stats["elapsed_s"] / rounds < 0.1                # a round that waited for worker 2 would take 0.5 s
+    assert accuracies(stats)[-1] > 0.8

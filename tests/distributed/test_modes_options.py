@@ -60,3 +60,13 @@ def test_train_refuses_a_bad_option_in_one_line_before_starting_anything():
     assert "[master]" not in run.stderr                       # refused by the launcher itself
     assert_clean_error(dist_caffe("train", "--solver", "prototxt/lenet_solver.prototxt", "--tau", 2, cwd=REPO),
                        "--tau: options of the distributed modes: give --workers N")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--mode", "sync", "--backup", 2], "--backup 2 leaves no worker to wait for: give fewer backups than --workers"),
+    (["--slow-worker", "5:1"], "--slow-worker names worker 5, but the workers are 0 to 1"),
+])
+def test_train_refuses_backups_and_slow_workers_it_cannot_have(extra, message):
+    run = dist_caffe("train", "--solver", "prototxt/lenet_solver.prototxt", "--workers", 2, *extra, cwd=REPO)
+    assert_clean_error(run, message)
+    assert "[master]" not in run.stderr
