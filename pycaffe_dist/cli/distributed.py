@@ -48,6 +48,8 @@ def add_train_flags(parser):
     parser.add_argument("--mode", choices=list(modes.MODES), help="distributed mode (default async)")
     parser.add_argument("--redis", help="Redis URL(s) to use instead of a private server (comma-separated: blobs "
                         "are sharded over them)")
+    parser.add_argument("--redis-servers", type=int, help="private redis-servers to shard the weights over "
+                        "(default: 1, and workers // 3 from 6 workers on, at most 4)")
     parser.add_argument("--job", help="distributed job id (default: generated)")
     parser.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
     parser.add_argument("--stats", help="distributed: write the master's summary (rates, tests) to this JSON file")
@@ -98,6 +100,11 @@ def cmd_train_distributed(args):
     if resolved.get("backup", 0) >= args.workers:
         raise PycaffeDistError("--backup %d leaves no worker to wait for: give fewer backups than --workers (%d)"
                                % (resolved["backup"], args.workers))
+    if args.redis_servers is not None and args.redis_servers < 1:
+        raise PycaffeDistError("--redis-servers must be at least 1, got %d" % args.redis_servers)
+    if args.redis_servers is not None and args.redis is not None:
+        raise PycaffeDistError("--redis-servers starts private servers: not with --redis (list several URLs there "
+                               "to shard over them)")
     slow = dict(args.slow_worker)
     if any(i >= args.workers for i in slow):
         raise PycaffeDistError("--slow-worker names worker %d, but the workers are 0 to %d"
@@ -116,7 +123,7 @@ def cmd_train_distributed(args):
     try:
         code = launch.run_local(settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
                                 gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, link=link,
-                                slow_workers=slow)
+                                slow_workers=slow, redis_servers=args.redis_servers)
     finally:
         if handler is not None:
             handler.finish()

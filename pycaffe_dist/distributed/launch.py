@@ -56,10 +56,10 @@ class LocalRedis:
     `password` once started; stop() shuts it down and removes its directory. Its password is what guards it on an
     address other than loopback."""
 
-    def __init__(self, binary=None, start_timeout_s=15.0, host="127.0.0.1"):
+    def __init__(self, binary=None, start_timeout_s=15.0, host="127.0.0.1", password=None):
         self.binary = binary or find_redis_server()
         self.dir = tempfile.mkdtemp(prefix="pcd-redis-")
-        self.password = secrets.token_urlsafe(24)
+        self.password = password or secrets.token_urlsafe(24)
         self.host = host
         self.port = free_port(host)
         config = os.path.join(self.dir, "redis.conf")
@@ -123,8 +123,15 @@ class Child:
                 pass
 
 
+def default_redis_servers(workers):
+    """Private redis-servers for N workers: one Redis thread moves every result and every W a worker pulls
+    (LeNet: 1.7 MB each way per merge, ~2 ms of the server's CPU per merge measured on 2 workers), so from 6
+    workers on the blobs are sharded over N // 3 servers, at most 4."""
+    return max(1, min(4, workers // 3))
+
+
 def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout_s=60.0, gpus=(),
-              private_redis=True, link=None, slow_workers=None):
+              private_redis=True, link=None, slow_workers=None, redis_servers=None):
     """Run a master (master.Settings: its solver, mode, options, ...; `settings.workers` workers) and its workers on
     this machine; returns the master's exit code. With private_redis, a private redis-server replaces
     settings.redis. The master gets its settings as JSON on its standard input. `progress(stats)` is called about
@@ -132,15 +139,17 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
     several per GPU; the master stays on the CPU (it only merges and tests). With `link` (links.LinkSpec or its
     text, `RATE:DELAY`), worker i runs in network namespace i behind an emulated link of that shape and the
     private server listens on the hub's address (links.EmulatedLinks); it needs private_redis and root.
-    `slow_workers`: {worker index: seconds it sleeps after every round} (stragglers on purpose)."""
+    `slow_workers`: {worker index: seconds it sleeps after every round} (stragglers on purpose). `redis_servers`:
+    how many private servers the blobs are sharded over (default: default_redis_servers)."""
     slow_workers = slow_workers or {}
+    redis_servers = redis_servers or default_redis_servers(settings.workers)
     sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
     if link is not None:
         link = network.parse_link(link)
         if not private_redis:
             # the namespaces reach only the hub's address, where the private server listens
             raise PycaffeDistError("emulated links need the private redis-server: no --redis with --link")
-    links, server, children, on_term = None, None, [], None
+    links, servers, children, on_term = None, [], [], None
     if link is not None and threading.current_thread() is threading.main_thread():
         # root's namespaces outlive us: a SIGTERM (a benchmark's timeout, `kill`) goes through the clean-ups below
         # too, as a Ctrl-C does
@@ -148,7 +157,12 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
     try:
         # the links first: they are what most likely cannot be made here, and nothing is running yet
         links = network.EmulatedLinks(settings.workers, link) if link is not None else None
-        server = LocalRedis(host=links.hub if links is not None else "127.0.0.1") if private_redis else None
+        if private_redis:
+            # one password for all: the children get it in their environment
+            host, password = links.hub if links is not None else "127.0.0.1", secrets.token_urlsafe(24)
+            for _ in range(redis_servers):
+                servers.append(LocalRedis(host=host, password=password))
+        server = servers[0] if servers else None
         env = dict(os.environ, OMP_NUM_THREADS=str(worker_threads), OPENBLAS_NUM_THREADS=str(worker_threads),
                    MKL_NUM_THREADS=str(worker_threads), PYTHONUNBUFFERED="1")
         settings = dataclasses.replace(settings, job=settings.job or new_job_id("local"))
@@ -156,7 +170,7 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
             # the children's password (the master's, and the workers' through `ip netns exec`, which keeps the
             # environment): never on a command line
             env[PASSWORD_ENV] = server.password
-            settings.redis = server.url
+            settings.redis = ",".join(s.url for s in servers)
         redis_url, job = settings.redis, settings.job
         python = [sys.executable, "-m", "pycaffe_dist"]
         if links is not None:
@@ -181,7 +195,7 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
         for child in children:
             child.process.wait()
             child.reader.join(5)
-        if server is not None:
+        for server in servers:
             server.stop()
         if links is not None:
             links.close()       # after the workers are gone: a namespace lives on while a process is in it

@@ -6,8 +6,8 @@ messages it writes W once, in one transaction with its state (merge count), and 
 worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone.
 
 Units: max_iter, display, test_interval, snapshot and the learning-rate schedule count merges (one per merged
-result; one per round in sync), as SpeeDO counted them. The TEST nets score the current W every test_interval
-merges and at the end; snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's
+result; one per round in sync), as SpeeDO counted them. The TEST nets score a copy of W every test_interval
+merges and at the end, on the tester's thread (tester.py) while merging goes on; snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's
 update history in gradient-only mode, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
 """
 import dataclasses
@@ -29,6 +29,7 @@ from ..solver.training_log import caffe_number
 from . import job as jobs
 from .modes import MODES, resolve_options
 from .store import Store
+from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
@@ -36,11 +37,12 @@ HISTORY_EVERY = 50          # gradient-only: merges between saves of the master'
 
 
 def first_non_finite(arrays):
-    """The index of the first array holding NaN or Inf, or None. A sum is one fast pass and is finite unless an
-    element is not (or the sum overflows: then the elements are looked at one by one)."""
-    for i, a in enumerate(arrays):
-        if not np.isfinite(np.sum(a, dtype=np.float64)) and not np.isfinite(a).all():
-            return i
+    """The index of the first array holding NaN or Inf, or None. A float32 sum is one fast pass and is finite
+    unless an element is not (or the sum overflows: then the elements are looked at one by one)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, a in enumerate(arrays):
+            if not np.isfinite(np.sum(a)) and not np.isfinite(a).all():
+                return i
     return None
 
 
@@ -123,6 +125,7 @@ class Master:
             param.max_iter = settings.max_iter
         self.param, self.mode_name, self.options, self.workers_wanted = param, mode, options, int(workers)
         self.solver = Solver(param)
+        self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
         self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]
         self.names = self.solver.weight_names()
@@ -133,6 +136,7 @@ class Master:
         self.dirty, self.started, self.stop_requested = True, False, False
         self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
         self.staleness_sum = 0
+        self.cpu_at_start = None
         self.seen = set()
         self.started_at = self.display_at = time.monotonic()
         self.test_results, self.snapshots = [], []
@@ -356,6 +360,7 @@ class Master:
     def _start(self):
         self.started = True
         self.started_at = self.display_at = time.monotonic()
+        self.cpu_at_start = (time.thread_time(), self.store.servers_cpu_s(), self.count)
         log.info("Starting: %d worker(s), mode %s, %s", len(self.members), self.mode_name,
                  ", ".join("%s=%s" % kv for kv in sorted(self.options.items())))
         if self.param.test_interval and self.param.test_initialization and self.count == 0:
@@ -419,15 +424,19 @@ class Master:
             log.info("Workers: %s", self.rates_text())
             self.display_at, self.merged_since_display = now, 0
         if p.test_interval and self.count % p.test_interval == 0 and self.count < p.max_iter:
-            self._flush()
             self._test()
         if p.snapshot and self.count % p.snapshot == 0:
             self._snapshot()
 
     def _test(self):
-        for i, scores in enumerate(self.solver.test_at(self.count)):
-            self.test_results.append({"iter": self.count, "time_s": time.monotonic() - self.started_at,
-                                      "net": i, "scores": dict(scores)})
+        if self.tester is not None:
+            self.tester.start(self.weights, self.count)
+
+    def _scored(self, iteration, scores):
+        """The tester's scores of W at merge `iteration` (on the tester's thread)."""
+        for i, net_scores in enumerate(scores):
+            self.test_results.append({"iter": iteration, "time_s": time.monotonic() - self.started_at,
+                                      "net": i, "scores": dict(net_scores)})
 
     def _snapshot(self, files_only=False):
         model, state = self.solver.snapshot_at(self.count)
@@ -443,9 +452,11 @@ class Master:
         if p.snapshot_after_train and (not p.snapshot or self.count % p.snapshot != 0):
             self._snapshot()
         if not stopped_early:
-            self._test()
-        log.info("Optimization %s after %d merges.", "stopped" if stopped_early else "Done", self.count)
+            self._test()                        # while the workers are stopped
         self._stop_workers()
+        if self.tester is not None:
+            self.tester.wait()
+        log.info("Optimization %s after %d merges.", "stopped" if stopped_early else "Done", self.count)
         log.info("Workers: %s", self.rates_text())
         self._clean_up()
 
@@ -498,4 +509,19 @@ class Master:
         elapsed = time.monotonic() - self.started_at
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
                     dropped=self.dropped_count, tests=self.test_results,
-                    mean_staleness=self.staleness_sum / max(1, self.count))
+                    mean_staleness=self.staleness_sum / max(1, self.count), **self.cpu_per_merge())
+
+    def cpu_per_merge(self):
+        """Where the exchange's time goes: the CPU of the master's merging thread (the tester's apart) and of each
+        Redis server per merge since the start, in ms. One with merges/s x this near 1 s/s is the job's
+        bottleneck."""
+        if self.cpu_at_start is None or self.count <= self.cpu_at_start[2]:
+            return {}
+        master_s, servers_s, count = self.cpu_at_start
+        merges = self.count - count
+        try:
+            servers = self.store.servers_cpu_s()
+        except StoreError:
+            return {}
+        return {"master_cpu_ms_per_merge": 1e3 * (time.thread_time() - master_s) / merges,
+                "redis_cpu_ms_per_merge": [1e3 * (now - then) / merges for now, then in zip(servers, servers_s)]}

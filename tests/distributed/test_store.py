@@ -27,9 +27,9 @@ def test_blobs_round_trip_bit_exact_with_their_version(store_for, redis_client):
     got, version = store.get_weights(SHAPES)
     assert version == 7 and all(np.array_equal(a, b) for a, b in zip(arrays, got))
     assert store.master_state() == {"count": 7, "current_step": 2}       # written with W
-    raw = redis_client.get("pcd:rt:W:2")
-    assert len(raw) == HEADER + 4 * 500 * 800            # raw little-endian float32 behind a uint64 version
-    assert np.array_equal(np.frombuffer(raw, "<f4", offset=HEADER).reshape(500, 800), arrays[2])
+    raw = redis_client.get("pcd:rt:W:0")
+    assert len(raw) == HEADER + 4 * sum(a.size for a in arrays)  # raw little-endian float32 behind a uint64 version
+    assert np.array_equal(np.frombuffer(raw, "<f4", offset=HEADER), np.concatenate([a.ravel() for a in arrays]))
     store.put_result("5", _arrays(1), round_id=3)
     assert np.array_equal(store.get_result("5", SHAPES)[0], _arrays(1)[0])
     assert redis_client.exists("pcd:rt:x:5:0")
@@ -43,8 +43,8 @@ def test_blobs_round_trip_bit_exact_with_their_version(store_for, redis_client):
 def test_reads_are_checked_against_the_expected_shapes(store_for, redis_client):
     store = store_for("shapes")
     store.put_weights(_arrays(0), 0, 0)
-    with pytest.raises(StoreError, match=r"pcd:shapes:W:2 holds 1600008 bytes but blob 2 of shape 500x801 needs "
-                                         r"1602008"):
+    with pytest.raises(StoreError, match=r"pcd:shapes:W:0 holds 1602100 bytes but blobs 20x1x5x5, 20, 500x801, 3 "
+                                         r"need 1604100 there"):
         store.get_weights(SHAPES[:2] + [(500, 801)] + SHAPES[3:])
     with pytest.raises(StoreError, match="pcd:shapes:x:1:0 is missing from Redis"):
         store.get_result("1", SHAPES)
@@ -52,28 +52,35 @@ def test_reads_are_checked_against_the_expected_shapes(store_for, redis_client):
     assert keys_of(redis_client, "shapes") == []
 
 
-def test_blobs_shard_over_two_servers(redis_server, monkeypatch):
-    second = LocalRedis()
+@pytest.mark.parametrize("servers", [2, 3])
+def test_blobs_shard_over_servers_in_equal_slices(redis_server, monkeypatch, servers):
+    extra = [LocalRedis() for _ in range(servers - 1)]
     try:
         monkeypatch.setenv("PCD_REDIS_PASSWORD", redis_server.password)
-        first_client = connect(redis_server.url)
         # Each server has its own password: give them in the URLs.
-        urls = [redis_server.url.replace("//", "//:%s@" % redis_server.password),
-                second.url.replace("//", "//:%s@" % second.password)]
-        second_client = connect(urls[1])
+        urls = [s.url.replace("//", "//:%s@" % s.password) for s in [redis_server] + extra]
+        clients = [connect(u) for u in urls]
         store = Store(urls, "sharded")
         arrays = _arrays(2)
         store.put_weights(arrays, 4, 0)
         got, version = store.get_weights(SHAPES)
         assert version == 4 and all(np.array_equal(a, b) for a, b in zip(arrays, got))
-        assert first_client.exists("pcd:sharded:W:0", "pcd:sharded:W:2") == 2
-        assert first_client.exists("pcd:sharded:W:1", "pcd:sharded:W:3") == 0
-        assert second_client.exists("pcd:sharded:W:1", "pcd:sharded:W:3") == 2
-        assert not second_client.exists("pcd:sharded:state")      # every key but the blobs: on the first
+        # One slice per server, of equal size, though one blob holds 99 % of the floats.
+        total = sum(a.size for a in arrays)
+        for k, client in enumerate(clients):
+            assert abs(client.strlen("pcd:sharded:W:%d" % k) - HEADER - 4 * total / servers) <= 4
+        assert not clients[1].exists("pcd:sharded:state")          # every key but the blobs: on the first
+        store.put_result("7", _arrays(3), 1)
+        assert all(np.array_equal(a, b) for a, b in zip(_arrays(3), store.get_result("7", SHAPES)))
+        # A torn write (the slices of two versions) is not taken for W.
+        clients[1].setrange("pcd:sharded:W:1", 0, np.uint64(5).tobytes())
+        with pytest.raises(StoreError, match="keep changing while being read"):
+            store.get_weights(SHAPES)
         store.remove_job()
-        assert keys_of(second_client, "sharded") == []
+        assert all(keys_of(client, "sharded") == [] for client in clients)
     finally:
-        second.stop()
+        for server in extra:
+            server.stop()
 
 
 def test_messages_are_json_objects_of_bounded_size(store_for, redis_client):
