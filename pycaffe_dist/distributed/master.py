@@ -175,8 +175,7 @@ class Master:
         if self.dirty:
             self.store.put_weights(self.weights, self.count, self.solver.position[1])
             self.dirty = False
-        for worker, message in self.replies:
-            self.store.reply_to(worker, message)
+        self.store.reply_to_each(self.replies)
         self.replies = []
 
     # --- what the modes call -----------------------------------------------------------------------------------
@@ -248,7 +247,6 @@ class Master:
 
     def publish(self):
         self.epoch = self.store.publish_job(self.spec)
-        self.store.clear_inbox()
         self.store.master_heartbeat(self.heartbeat_s)
         self._flush()
         if self.resume:
@@ -291,11 +289,7 @@ class Master:
     def _serve(self):
         last_housekeeping = 0.0
         while self.count < self.param.max_iter and not self.stop_requested:
-            message, batch = self.store.next_message(POLL_S), []
-            while message is not None and len(batch) < 64:
-                batch.append(message)
-                message = self.store.next_message(0)
-            for message in batch:
+            for message in self.store.next_messages(POLL_S, 64):
                 self._handle(message)
                 if self.count >= self.param.max_iter:
                     break

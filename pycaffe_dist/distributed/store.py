@@ -12,9 +12,9 @@ Every Redis call of the package is made here, and every key a job writes, under 
   hist:{k}:{s}        the master's solver history set k (gradient-only), as W     put_history, get_history
   x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result
   stats               hash: progress for displays (JSON)                          put_progress, progress
-  inbox               list: JSON messages to the master (join, ready, result,     send_to_master, next_message,
-                      leave)                                                      clear_inbox
-  go:{w}              list: JSON replies to worker w (slot, welcome, merged,      reply_to, next_reply
+  inbox               list: JSON messages to the master (join, ready, result,     send_to_master, next_message(s),
+                      leave), emptied as the job is published                     publish_job
+  go:{w}              list: JSON replies to worker w (slot, welcome, merged,      reply_to(_each), next_reply
                       dropped, reset, stop)
   hb:{w}, master      heartbeat keys with a TTL                                   worker_heartbeat, master_heartbeat,
                                                                                   workers_alive, master_alive
@@ -166,11 +166,13 @@ class Store:
 
     def publish_job(self, spec):
         """Publish (or re-publish) the job: its spec, state running, and a new epoch, which is returned (replies
-        and results carry it, so that those of an earlier master are told apart)."""
+        and results carry it, so that those of an earlier master are told apart). The inbox is emptied in the same
+        transaction: emptied after it, a worker quick to see the job could lose its join."""
         pipe = self._control.pipeline(transaction=True)
+        pipe.delete(self.key("inbox"))
         pipe.hincrby(self.key("job"), "epoch", 1)
         pipe.hset(self.key("job"), mapping={"spec": json.dumps(spec), "state": "running"})
-        return int(self._call(pipe.execute)[0])
+        return int(self._call(pipe.execute)[1])
 
     def job_spec(self):
         raw = self._field(self.key("job"), "spec", MAX_SPEC)
@@ -190,7 +192,7 @@ class Store:
     def put_weights(self, arrays, count, current_step):
         """W at merge `count`, and the master's state (count, current_step) in the same transaction."""
         state = {"count": int(count), "current_step": int(current_step)}
-        self._put_blobs("W", arrays, count, extra=lambda pipe: pipe.hset(self.key("state"), mapping=state))
+        self._put_blobs("W", arrays, count, state=state)
 
     def get_weights(self, shapes, out=None):
         """(W, the merge count it was written at)."""
@@ -238,11 +240,30 @@ class Store:
         """The next message to the master, or None after `timeout` seconds (0: don't wait)."""
         return self._receive(self.key("inbox"), timeout)
 
-    def clear_inbox(self):
-        self._call(self._control.delete, self.key("inbox"))
+    def next_messages(self, timeout, at_most):
+        """The next messages to the master, oldest first: waits up to `timeout` seconds for one, then takes up to
+        at_most - 1 more that are there, in one round trip (LRANGE and LTRIM: any Redis version)."""
+        first = self.next_message(timeout)
+        if first is None or at_most <= 1:
+            return [] if first is None else [first]
+        inbox = self.key("inbox")
+        pipe = self._control.pipeline(transaction=True)
+        pipe.lrange(inbox, -(at_most - 1), -1)
+        pipe.ltrim(inbox, 0, -at_most)
+        raws = self._call(pipe.execute)[0]
+        return [first] + [self._parse(raw, inbox) for raw in reversed(raws)]
 
     def reply_to(self, worker, message):
         self._send(self.key("go", worker), message)
+
+    def reply_to_each(self, replies):
+        """[(worker, message)] sent in one round trip."""
+        if not replies:
+            return
+        pipe = self._control.pipeline(transaction=False)
+        for worker, message in replies:
+            pipe.lpush(self.key("go", worker), json.dumps(message, separators=(",", ":")))
+        self._call(pipe.execute)
 
     def next_reply(self, worker, timeout):
         """The next reply to `worker`, or None after `timeout` seconds (0: don't wait)."""
@@ -394,61 +415,70 @@ class Store:
         first = work(0)
         return [first] + [future.result() for future in others]
 
-    def _put_blobs(self, kind, arrays, version=0, owner=None, extra=None):
-        """Write float32 arrays as blobs `kind` (of `owner`), atomically per server; `extra(pipe)` may queue more
-        commands on the first server's transaction (the master's state with W)."""
+    def _put_blobs(self, kind, arrays, version=0, owner=None, state=None):
+        """Write float32 arrays as blobs `kind` (of `owner`), atomically per server, with `state` (a mapping) into
+        the first server's hash `state` in the same transaction (the master's state with W). Zero-copy: the SET's
+        value goes to the socket straight from the arrays (a version buffer, then a view of each piece)."""
         layout = self._layout([a.shape for a in arrays])
+        flat = [np.ascontiguousarray(a, "<f4").reshape(-1) for a in arrays]
 
         def write(server):
             count, pieces = layout[server]
-            size = HEADER + 4 * count
-            buffer = self._buffers.get((kind, owner, server))
-            if buffer is None or len(buffer) != size:
-                buffer = self._buffers[(kind, owner, server)] = bytearray(size)
-            view = memoryview(buffer)
-            view[:HEADER] = np.uint64(version).tobytes()
-            floats = np.frombuffer(buffer, "<f4", offset=HEADER)
-            for i, start, stop, offset in pieces:
-                floats[offset:offset + stop - start] = arrays[i].reshape(-1)[start:stop]
+            key = self._blob_key(kind, server, owner).encode()
+            views = [np.uint64(version).astype("<u8").tobytes()]
+            views += [memoryview(flat[i][start:stop]).cast("B") for i, start, stop, _ in pieces]
+            set_value = [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, HEADER + 4 * count)]
+            set_value += views + [b"\r\n"]
 
-            def send():
-                pipe = self._clients[server].pipeline(transaction=True)
-                pipe.set(self._blob_key(kind, server, owner), view)
-                if server == 0 and extra is not None:
-                    extra(pipe)
-                return pipe.execute()
-            return self._call(send, url=self.urls[server])
+            def send(conn):
+                if server == 0 and state is not None:
+                    hset = [x for k, v in state.items() for x in (k, v)]
+                    conn.send_packed_command(conn.pack_command("MULTI") + set_value +
+                                             conn.pack_command("HSET", self.key("state"), *hset) +
+                                             conn.pack_command("EXEC"))
+                    for _ in range(3):
+                        conn.read_response()
+                    replies = conn.read_response()
+                    failed = [r for r in replies or [] if isinstance(r, Exception)]
+                    if replies is None or failed:
+                        raise failed[0] if failed else StoreError("job %s: the write of W was aborted" % self.job)
+                else:
+                    conn.send_packed_command(set_value)
+                    conn.read_response()
+            return self._call(self._on_connection, server, send, url=self.urls[server])
         self._on_every_server(write)
 
     def _get_blobs(self, kind, shapes, owner=None, out=None, missing_ok=False):
         """Read blobs `kind` of the given shapes into new arrays (or `out`); returns (arrays, version), or
-        (None, None) when they are absent and missing_ok. Each read is bounded by the expected size and checked;
+        (None, None) when they are absent and missing_ok. Zero-copy: the GETRANGE reply is received straight into
+        the arrays. Each read asks for one byte more than expected, so that a value of another size is refused;
         with several servers, a torn read (slices of different versions) is read again."""
         layout = self._layout(shapes)
         arrays = out if out is not None else [np.empty(s, np.float32) for s in shapes]
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays):
+            raise ValueError("out must be C-contiguous float32 arrays (received into in place)")
+        flat = [a.reshape(-1) for a in arrays]
 
         def read(server):
             count, pieces = layout[server]
             key, size = self._blob_key(kind, server, owner), HEADER + 4 * count
+            version = bytearray(HEADER)
+            views = [memoryview(version)] + [memoryview(flat[i][start:stop]).cast("B") for i, start, stop, _ in pieces]
 
-            def fetch():
-                pipe = self._clients[server].pipeline(transaction=True)
-                pipe.strlen(key)
-                pipe.getrange(key, 0, size - 1)
-                return pipe.execute()
-            length, value = self._call(fetch, url=self.urls[server])
+            def fetch(conn):
+                conn.send_packed_command(conn.pack_command("GETRANGE", key, 0, size))
+                return receive_bulk(conn, views)
+            length = self._call(self._on_connection, server, fetch, url=self.urls[server])
             if length == 0:
                 if missing_ok:
                     return None
                 raise StoreError("job %s: %s is missing from Redis (was the server restarted or the job removed?)"
                                  % (self.job, key))
             if length != size:
-                raise StoreError("job %s: %s holds %d bytes but blobs %s need %d there" % (
-                    self.job, key, length, ", ".join("x".join(map(str, s)) for s in shapes), size))
-            floats = np.frombuffer(value, "<f4", offset=HEADER)
-            for i, start, stop, offset in pieces:
-                arrays[i].reshape(-1)[start:stop] = floats[offset:offset + stop - start]
-            return int(np.frombuffer(value, "<u8", 1)[0])
+                raise StoreError("job %s: %s holds %s bytes but blobs %s need %d there" % (
+                    self.job, key, "more than %d" % size if length > size else length,
+                    ", ".join("x".join(map(str, s)) for s in shapes), size))
+            return int(np.frombuffer(version, "<u8", 1)[0])
         for _ in range(50):
             versions = self._on_every_server(read)
             if None in versions:
@@ -456,3 +486,67 @@ class Store:
             if len(set(versions)) == 1:
                 return arrays, versions[0]
         raise StoreError("job %s: blobs %s keep changing while being read" % (self.job, kind))
+
+    def _on_connection(self, server, work):
+        """work(connection) on a connection of `server`'s pool; a connection that failed midway is closed (what
+        is left on its socket is nobody's to read)."""
+        pool = self._clients[server].connection_pool
+        conn = pool.get_connection()
+        try:
+            return work(conn)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+
+def receive_bulk(conn, views):
+    """Read a RESP bulk string reply from redis-py connection `conn` into `views` (writable byte memoryviews, filled
+    in order) and return its length. A reply longer than the views is not read on: the length says so (the caller
+    refuses it and the connection is closed). redis-py has no public way to receive into a buffer: this reads its
+    socket (`_sock`) after a command whose reply nothing else has read."""
+    import redis
+    sock = conn._sock
+    try:
+        head = bytearray()
+        while b"\r\n" not in head:
+            chunk = sock.recv(64)
+            if not chunk:
+                raise redis.ConnectionError("the server closed the connection")
+            head += chunk
+        line, _, rest = bytes(head).partition(b"\r\n")
+        if line[:1] == b"-":
+            raise redis.ResponseError(line[1:].decode("utf-8", "replace"))
+        if line[:1] != b"$":
+            raise redis.ConnectionError("unexpected reply %r to GETRANGE" % line[:40])
+        length = int(line[1:])
+        capacity = sum(v.nbytes for v in views)
+        if length > capacity:
+            conn.disconnect()
+            return length
+        need = length + 2                           # the payload and its CRLF
+        pending = memoryview(rest)
+        for view in views:
+            if need <= 2:
+                break
+            view = view[:min(view.nbytes, need - 2)]
+            take = min(len(pending), view.nbytes)
+            view[:take] = pending[:take]
+            pending, filled = pending[take:], take
+            need -= take
+            while filled < view.nbytes:
+                got = sock.recv_into(view[filled:])
+                if not got:
+                    raise redis.ConnectionError("the server closed the connection")
+                filled += got
+                need -= got
+        tail = len(pending)
+        while tail < need:
+            got = len(sock.recv(need - tail))
+            if not got:
+                raise redis.ConnectionError("the server closed the connection")
+            tail += got
+        return length
+    except OSError as exc:
+        raise redis.ConnectionError("reading a blob: %s" % exc) from None

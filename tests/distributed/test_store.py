@@ -100,8 +100,16 @@ def test_messages_are_json_objects_of_bounded_size(store_for, redis_client):
     with pytest.raises(StoreError, match="a message of 2097152 bytes"):
         store.next_message(0)
     store.send_to_master({"type": "leave"})
-    store.clear_inbox()
+    store.publish_job({"mode": "async"})                    # publishing empties the inbox
     assert store.next_message(0) is None
+    for k in range(100):
+        store.send_to_master({"k": k})
+    assert [m["k"] for m in store.next_messages(1, 64)] == list(range(64))      # oldest first, at most 64
+    assert [m["k"] for m in store.next_messages(1, 64)] == list(range(64, 100))
+    assert store.next_messages(0, 64) == []
+    store.reply_to_each([("3", {"status": "merged"}), ("4", {"status": "dropped"}), ("3", {"status": "stop"})])
+    assert [store.next_reply("3", 0), store.next_reply("4", 0), store.next_reply("3", 0)] == \
+        [{"status": "merged"}, {"status": "dropped"}, {"status": "stop"}]
     store.remove_job()
 
 
