@@ -5,7 +5,13 @@ momentum or Adam's moments, held on the master), with the rate scaled by 1/the g
 1/--factor). Momentum against stale gradients is momentum twice over: N workers' gradients computed on weights N
 updates old act as an implicit momentum of about 1 - 1/N (Mitliagkas et al. 2016) on top of the solver's, and
 LeNet's lr 0.01 with momentum 0.9 diverged within 100 merges at 8 workers; at rate / staleness the N updates of a
-round move W as far as one process's update. No --tau: a round is one gradient."""
+round move W as far as one process's update. No --tau: a round is one gradient.
+
+Workers overlap (depth 1) as in the other modes: a worker computes its next gradient at the W it last pulled while
+its last gradient travels and is applied. Waiting instead (--no-overlap, Downpour's fetch before every step) puts
+the whole exchange, 2 x the weights' bytes and the master's update, on every round: 42 % of a round at 2 workers
+on LeNet against 10 % overlapped, for final accuracies of 0.849 and 0.831 after 1000 merges (and 0.84 against
+0.82 at 8 workers after 2000): the rate / staleness absorbs the one more update of staleness."""
 from .base import FACTOR, OVERLAP, Rule
 
 OPTIONS = (FACTOR, OVERLAP)
@@ -28,7 +34,6 @@ class Worker:
 
 
 class Master(Rule):
-    depth = 0
     advice = "lower the solver's base_lr, or give --factor (the rate / FACTOR) at least the number of workers"
 
     def on_result(self, worker, message):
