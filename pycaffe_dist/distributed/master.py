@@ -7,8 +7,12 @@ worker that pulls after a reply sees its own merge. Heartbeats tell it which wor
 
 Units: max_iter, display, test_interval, snapshot and the learning-rate schedule count merges (one per merged
 result; one per round in sync), as SpeeDO counted them. The TEST nets score a copy of W every test_interval
-merges and at the end, on the tester's thread (tester.py) while merging goes on; snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's
-update history in gradient-only mode, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
+merges and at the end, on the tester's thread (tester.py) while merging goes on; snapshots are Caffe's
+.caffemodel / .solverstate of W (the solver state holds the master's update history in gradient-only mode, zeros
+otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
+
+A result, a gradient or a merged W that holds NaN or Inf is refused: the job stops with one line, a snapshot of
+the last finite W and a non-zero exit (DivergedError).
 """
 import dataclasses
 import json

@@ -218,3 +218,14 @@ def test_time_shows_the_wait_for_prefetched_data(tmp_path):
 def test_time_rejects_zero_iterations():
     run = dist_caffe("time", "--model", GOLDEN / "nets" / "lenet" / "net.prototxt", "--iterations", 0)
     assert_clean_error(run, "--iterations must be at least 1")
+
+
+def test_a_loss_that_turns_nan_is_said_once(case):
+    """Caffe trains on and says nothing; we train on too (it is Caffe's run) but say it, once."""
+    text = re.sub(r"(?m)^base_lr: .*$", "base_lr: 1e6", (case / "solver.prototxt").read_text())
+    (case / "wild.prototxt").write_text(text)
+    run = dist_caffe("train", "--solver", "wild.prototxt", "--weights", "init.caffemodel", cwd=case)
+    assert run.returncode == 0, run.stderr
+    warnings = [line for line in run.stderr.splitlines() if "training has diverged" in line]
+    assert len(warnings) == 1, run.stderr[-2000:]
+    assert re.search(r"Iteration \d+: loss = (nan|inf|-nan): training has diverged .* lower base_lr", warnings[0])
