@@ -20,9 +20,11 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from google.protobuf import text_format
+from scipy.linalg.blas import saxpy
 
 from .. import common
 from ..errors import DivergedError, PycaffeDistError, StoreError
@@ -32,22 +34,14 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from .modes import MODES, resolve_options
+from . import results
+from .results import ResultReader
 from .store import Store
 from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
 HISTORY_EVERY = 50          # gradient-only: merges between saves of the master's history to Redis
-
-
-def first_non_finite(arrays):
-    """The index of the first array holding NaN or Inf, or None. A float32 sum is one fast pass and is finite
-    unless an element is not (or the sum overflows: then the elements are looked at one by one)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        for i, a in enumerate(arrays):
-            if not np.isfinite(np.sum(a)) and not np.isfinite(a).all():
-                return i
-    return None
 
 
 class Member:
@@ -133,7 +127,11 @@ class Master:
         self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]
         self.names = self.solver.weight_names()
-        self.scratch = [np.empty(s, np.float32) for s in self.shapes]
+        self.reader = ResultReader(self.store, self.shapes)
+        self.publisher = ThreadPoolExecutor(1, thread_name_prefix="publish")
+        self.publish_copy = [np.empty(s, np.float32) for s in self.shapes]
+        self.publishing = None                  # the publish of W and replies in flight
+        self.in_use = []                        # the reader's arrays a merge has taken
         self.rule = MODES[mode].Master(self, options)
         self.count = 0
         self.members, self.pending, self.replies = {}, {}, []
@@ -175,12 +173,32 @@ class Master:
             self.store.put_history(k, history, self.count)
 
     def _flush(self):
-        """Write W (with the state, atomically) if it changed, then send the queued replies."""
+        """Publish W (with the state, atomically) if it changed, then the queued replies, on the publisher's
+        thread while merging goes on: a copy of W is written (the last publish is waited for first, so they go out
+        in order), and a reply only after the W it speaks of, so a worker that pulls after it sees its merge."""
+        if not self.dirty and not self.replies:
+            return
         if self.dirty:
-            self.store.put_weights(self.weights, self.count, self.solver.position[1])
-            self.dirty = False
-        self.store.reply_to_each(self.replies)
-        self.replies = []
+            self._check_weights()
+        self._published()
+        state = None
+        if self.dirty:
+            for copy, w in zip(self.publish_copy, self.weights):
+                copy[...] = w
+            state, self.dirty = (self.count, self.solver.position[1]), False
+        replies, self.replies = self.replies, []
+        self.publishing = self.publisher.submit(self._publish, state, replies)
+
+    def _publish(self, state, replies):
+        if state is not None:
+            self.store.put_weights(self.publish_copy, *state)
+        self.store.reply_to_each(replies)
+
+    def _published(self):
+        """Until the last publish is done (its error, if it had one, raised here)."""
+        if self.publishing is not None:
+            publishing, self.publishing = self.publishing, None
+            publishing.result()
 
     # --- what the modes call -----------------------------------------------------------------------------------
 
@@ -192,9 +210,10 @@ class Master:
         self.replies.append((worker, message))
 
     def read_result(self, worker):
-        """Worker `worker`'s last result; a result holding NaN or Inf stops the job (DivergedError)."""
-        arrays = self.store.get_result(worker, self.shapes, out=self.scratch)
-        bad = first_non_finite(arrays)
+        """Worker `worker`'s last result (read ahead, or now); a result holding NaN or Inf stops the job
+        (DivergedError). Its arrays are the reader's: the rule merges them before on_result returns."""
+        arrays, bad = self.reader.take(worker)
+        self.in_use.append(arrays)
         if bad is not None:
             raise DivergedError("worker %s's result holds NaN or Inf in %s" % (worker, self._blob(bad)))
         return arrays
@@ -207,27 +226,26 @@ class Master:
         return stale
 
     def add_to_weights(self, arrays, scale):
-        scale = np.float32(scale)
+        """W += scale * arrays (BLAS's saxpy: one pass, without the GIL)."""
         for w, a in zip(self.weights, arrays):
             if scale == 1:
                 w += a
             else:
-                a *= scale                      # the result's own buffer (scratch or the mode's sum)
-                w += a
-        self._check_weights()
+                saxpy(a.reshape(-1), w.reshape(-1), a=scale)
         self.dirty = True
 
     def apply_gradients(self, gradients, scale=1.0):
         self.solver.apply_gradients(gradients, self.count, scale)
-        self._check_weights()
         self.dirty = True
         if (self.count + 1) % HISTORY_EVERY == 0:
             self._save_history()
 
     def _check_weights(self):
-        """A merge of finite results can still overflow W: then W goes back to its last copy on Redis."""
-        bad = first_non_finite(self.weights)
+        """Merges of finite results can still overflow W: checked before each publish, W then goes back to its
+        last published copy."""
+        bad = results.first_non_finite(self.weights)
         if bad is not None:
+            self._published()
             _, written_at = self.store.get_weights(self.shapes, out=self.weights)
             self.count = written_at
             self.dirty = False
@@ -293,7 +311,13 @@ class Master:
     def _serve(self):
         last_housekeeping = 0.0
         while self.count < self.param.max_iter and not self.stop_requested:
-            for message in self.store.next_messages(POLL_S, 64):
+            batch = self.store.next_messages(POLL_S, 64)
+            for message in batch:               # the reads of the batch's results begin at once
+                worker = str(message.get("worker"))
+                if message.get("type") == "result" and worker in self.members and \
+                        int(message.get("epoch", -1)) == self.epoch:
+                    self.reader.start(worker)
+            for message in batch:
                 self._handle(message)
                 if self.count >= self.param.max_iter:
                     break
@@ -366,6 +390,12 @@ class Master:
         self.rule.start(sorted(self.members, key=int))
 
     def _result(self, worker, message):
+        try:
+            self._merge_result(worker, message)
+        finally:
+            self.reader.discard(worker)         # a read begun for a result that did not merge
+
+    def _merge_result(self, worker, message):
         member = self.members.get(worker)
         if member is None:
             # Counted out (no heartbeat) or unknown: it must not go on with stale weights.
@@ -381,7 +411,12 @@ class Master:
         member.images += int(message.get("images", 0))
         member.compute_s += float(message.get("compute_s", 0.0))
         member.wait_s += float(message.get("wait_s", 0.0))
-        self.rule.on_result(worker, message)
+        try:
+            self.rule.on_result(worker, message)
+        finally:
+            for arrays in self.in_use:
+                self.reader.release(arrays)
+            self.in_use = []
 
     def _lost(self, worker, why):
         if self.pending.pop(worker, None) is not None:
@@ -459,12 +494,15 @@ class Master:
         self._clean_up()
 
     def _stop_workers(self):
+        self._published()                       # the last W out before the job says done
         self.store.finish_job()
         for worker in list(self.members) + list(self.pending):
             self.store.reply_to(worker, {"status": "stop"})
         self._wait_for_workers_to_leave()
 
     def _clean_up(self):
+        self.reader.close()
+        self.publisher.shutdown(wait=True)
         if self.stats_path:
             with open(self.stats_path, "w") as f:
                 json.dump(self.summary(), f, indent=1)
