@@ -49,7 +49,7 @@ def add_train_flags(parser):
     parser.add_argument("--redis", help="Redis URL(s) to use instead of a private server (comma-separated: blobs "
                         "are sharded over them)")
     parser.add_argument("--redis-servers", type=int, help="private redis-servers to shard the weights over "
-                        "(default: 1, and workers // 3 from 6 workers on, at most 4)")
+                        "(default: workers // 2, at least 1, at most 4)")
     parser.add_argument("--job", help="distributed job id (default: generated)")
     parser.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
     parser.add_argument("--stats", help="distributed: write the master's summary (rates, tests) to this JSON file")
