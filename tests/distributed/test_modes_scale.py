@@ -23,4 +23,4 @@ def test_every_mode_converges_at_8_workers_with_no_options(mode, lenet_solver, t
     stats = json.loads((tmp_path / "stats.json").read_text())
     final = stats["tests"][-1]["scores"]
     assert math.isfinite(final["loss"]) and final["accuracy"] >= 0.78, final
-    assert stats["count"] == merges and len(stats["workers"]) == WORKERS
+    assert stats["count"] == merges and len(stats["workers"]) == WORKERS, run.stderr[-5000:]

@@ -46,7 +46,7 @@ FACTOR = Option("factor", float, None, "merge each result scaled by 1/FACTOR (de
                 "merges W took since the weights the result started from, its own included)",
                 lambda value: None if value > 0 else "must be positive, got %s" % value)
 OVERLAP = Option("overlap", bool, None, "workers compute their next round while the last result travels (--overlap, "
-                 "the default) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
+                 "the default but in gradient-only) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
 
 
 class MasterView(Protocol):
