@@ -2,6 +2,7 @@
 workers, distributed/launch.py), and `master`, `worker`, `status` for many machines. The mode options' flags are
 built from the modes' own declarations (distributed/modes: Option), so an option is declared once."""
 import logging
+import signal
 import sys
 
 from ..backend import select
@@ -10,7 +11,7 @@ from ..errors import PycaffeDistError
 from . import arguments
 
 
-MASTER_ERROR = "[master] dist_caffe: error: "
+MASTER_ERROR = "[master] dist_caffe: "
 
 
 def add_mode_flags(parser):
@@ -116,7 +117,8 @@ def cmd_train_distributed(args):
     def sink(line):
         # The master's own error line becomes this command's one error line, at the end.
         if line.startswith(MASTER_ERROR):
-            master_errors.append(line[len(MASTER_ERROR):])
+            text = line[len(MASTER_ERROR):]
+            master_errors.append(text[len("error: "):] if text.startswith("error: ") else text)
         else:
             show(line)
     progress = training_log.DistributedProgress(handler) if handler is not None else None
@@ -127,8 +129,9 @@ def cmd_train_distributed(args):
     finally:
         if handler is not None:
             handler.finish()
-    if code == arguments.EXIT_INTERRUPTED:
-        print("dist_caffe: interrupted: stopped the master and the workers", file=sys.stderr)
+    if code > 128:
+        why = "interrupted" if code == arguments.EXIT_INTERRUPTED else signal.Signals(code - 128).name
+        print("dist_caffe: %s: stopped the master and the workers" % why, file=sys.stderr)
     elif code and master_errors:
         raise PycaffeDistError(master_errors[-1])
     elif code:

@@ -216,35 +216,46 @@ def _exit_on_term(number, frame):
     raise SystemExit(128 + number)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _supervise(children, watch_url, job, progress, stop_timeout_s):
-    """Wait for the master, showing progress. The first Ctrl-C asks the master to stop cleanly (it snapshots, tests
-    and stops its workers); a second one, or a master that takes longer than stop_timeout_s, ends everything."""
+    """Wait for the master, showing progress. The first Ctrl-C, SIGTERM (what `timeout`, systemd and `kill` send)
+    or SIGHUP (a closed terminal) asks the master to stop cleanly (it snapshots, tests and stops its workers); a
+    second one, or a master that takes longer than stop_timeout_s, ends everything. Returns the master's exit code,
+    or 128 + the first signal's number when a signal stopped the job."""
     master = children[0]
     interrupts = []
-    previous = signal.signal(signal.SIGINT, lambda n, f: interrupts.append(time.monotonic()))
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for number in STOP_SIGNALS:
+            previous[number] = signal.signal(number, lambda n, f: interrupts.append((time.monotonic(), n)))
     store, forwarded = None, False
     try:
         while master.process.poll() is None:
             if interrupts and not forwarded:
                 master.signal(signal.SIGINT)
                 forwarded = True
-            if len(interrupts) > 1 or (interrupts and time.monotonic() - interrupts[0] > stop_timeout_s):
+            if len(interrupts) > 1 or (interrupts and time.monotonic() - interrupts[0][0] > stop_timeout_s):
                 log.warning("stopping every process now")
-                return 130
+                return 128 + interrupts[0][1]
             if progress is not None:
                 store = store or _connect(watch_url, job)
                 stats = _read_progress(store)
                 if stats is not None:
                     progress(stats)
-            time.sleep(0.5)
+            time.sleep(0.1)
         code = master.process.returncode
-        deadline = time.monotonic() + 15
-        for child in children[1:]:
-            while child.process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-        return 130 if interrupts and code == 0 else code
+        if code == 0:
+            # The master told its workers to stop: they leave on their own (the rest is killed).
+            deadline = time.monotonic() + 15
+            for child in children[1:]:
+                while child.process.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        return 128 + interrupts[0][1] if interrupts and code == 0 else code
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _connect(url, job):

@@ -375,11 +375,13 @@ class Solver:
         return "%s_iter_%d%s" % (self.param.snapshot_prefix, self.iter, extension)
 
     def _check_snapshot_prefix(self):
-        """Caffe's CheckSnapshotWritePermissions: with snapshots on, the prefix must be set and writable."""
+        """Caffe's CheckSnapshotWritePermissions: with snapshots on, the prefix must be set and writable. Also (not
+        in Caffe, which fails at the end of the run) for the snapshot after training alone, where a prefix is set:
+        a missing folder is said before training, not after it."""
         p = self.param
-        if not p.snapshot:
+        if not p.snapshot and not (p.snapshot_after_train and p.HasField("snapshot_prefix")):
             return
-        if not p.HasField("snapshot_prefix"):
+        if p.snapshot and not p.HasField("snapshot_prefix"):
             raise SolverError("%s: snapshot is specified but snapshot_prefix is not" % self.source)
         probe = "%s_iter_0.tempfile" % p.snapshot_prefix
         try:
@@ -397,10 +399,14 @@ class Solver:
         kind = "HDF5" if hdf5 else "binary proto"
         model = self._snapshot_filename(".caffemodel.h5" if hdf5 else ".caffemodel")
         log.info("Snapshotting to %s file %s", kind, model)
-        caffemodel.write_model(self.net, model, hdf5, p.snapshot_diff)
         state = self._snapshot_filename(".solverstate.h5" if hdf5 else ".solverstate")
-        log.info("Snapshotting solver state to %s file %s", kind, state)
-        solverstate.write_state(state, self.iter, model, self.current_step, self.history, hdf5)
+        try:
+            caffemodel.write_model(self.net, model, hdf5, p.snapshot_diff)
+            log.info("Snapshotting solver state to %s file %s", kind, state)
+            solverstate.write_state(state, self.iter, model, self.current_step, self.history, hdf5)
+        except OSError as exc:              # a folder removed, a full disk: one line, not a traceback
+            raise SolverError("cannot write the snapshot %s: %s" % (exc.filename or model, exc.strerror or exc)) \
+                from None
         return model, state
 
     def restore(self, path, data_position=True):

@@ -17,6 +17,10 @@ def _running(pattern):
     return [int(p) for p in result.stdout.split()]
 
 
+def _redis_servers():
+    return len(subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True).stdout.split())
+
+
 def _launch(solver, job, tmp_path, *extra):
     env = dict(os.environ)
     env.pop("PCD_REDIS_PASSWORD", None)
@@ -37,7 +41,11 @@ def test_train_with_workers_runs_everything_and_leaves_nothing(make_solver, tmp_
     assert (tmp_path / "snap_iter_300.caffemodel").exists()
 
 
-def test_ctrl_c_stops_cleanly_with_a_snapshot(make_solver, tmp_path):
+@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_ctrl_c_sigterm_and_sighup_stop_cleanly_with_a_snapshot(make_solver, tmp_path, number, code):
+    """What `timeout`, systemd, `kill` and a closed terminal send stops the job as Ctrl-C does: the master
+    snapshots, tests and stops its workers, and no process (the private redis-server included) is left."""
+    servers = _redis_servers()
     proc = _launch(make_solver(max_iter=10 ** 6), "launch-int", tmp_path, "--mode", "async")
     lines = []
     deadline = time.monotonic() + 120
@@ -46,13 +54,13 @@ def test_ctrl_c_stops_cleanly_with_a_snapshot(make_solver, tmp_path):
         if "Starting: 2 worker(s)" in line or time.monotonic() > deadline:
             break
     time.sleep(2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(number)
     out, _ = proc.communicate(timeout=120)
     out = "".join(lines) + out
-    assert proc.returncode == 130, out[-3000:]
+    assert proc.returncode == code, out[-3000:]
     assert "Stop requested" in out and "Optimization stopped after" in out
     assert list(tmp_path.glob("snap_iter_*.caffemodel"))
-    assert not _running("--job launch-int")
+    assert not _running("--job launch-int") and _redis_servers() == servers
 
 
 def test_workers_on_a_gpu_each(make_solver, tmp_path, monkeypatch):
@@ -71,3 +79,18 @@ def test_workers_on_a_gpu_each(make_solver, tmp_path, monkeypatch):
     assert "[worker 2] " not in proc.stderr
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["mode"] == "sync" and stats["count"] == 60
+
+
+def test_an_error_of_the_master_is_the_launchers_one_line_at_once(make_solver, tmp_path):
+    """A snapshot folder that does not exist: the master refuses at once, and so does the launcher, with the
+    master's line (it used to wait 15 s for workers that nobody had told to stop)."""
+    solver = make_solver(max_iter=100, snapshot_prefix=str(tmp_path / "missing" / "snap"))
+    started = time.monotonic()
+    proc = _launch(solver, "launch-err", tmp_path, "--mode", "async")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out[-3000:]
+    assert time.monotonic() - started < 12
+    errors = [line for line in out.splitlines() if "dist_caffe:" in line]
+    assert len(errors) == 1 and "cannot write to snapshot prefix" in errors[0], out[-3000:]
+    assert errors[0].startswith("dist_caffe: error: ") and "missing/snap" in errors[0]
+    assert not _running("--job launch-err")
