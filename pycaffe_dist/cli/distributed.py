@@ -224,8 +224,8 @@ def add_verbs(verbs):
     p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), as the master's")
     p.add_argument("--job", help="job id (default: the only job on the server)")
     p.add_argument("--threads", type=int, help="CPU threads (default 1)")
-    p.add_argument("--master-timeout", type=float, default=120.0, help="seconds without the master before giving "
-                   "up (default 120)")
+    p.add_argument("--master-timeout", type=float, help="seconds without the master's heartbeat before giving up "
+                   "(default: 10 x the job's --heartbeat, 50 s at its default)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
                    "(default 60)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")

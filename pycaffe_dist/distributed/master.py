@@ -49,9 +49,10 @@ class Member:
         self.id, self.slot, self.info = worker, slot, info
         self.ready = False
         self.last_round = None
-        self.images = 0
+        self.images = self.rounds = 0
         self.compute_s = self.wait_s = 0.0
-        self.first_seen = time.monotonic()
+        self.first_seen = self.last_heard = time.monotonic()
+        self.silent = False                     # said to have gone silent (and not heard from since)
 
 
 @dataclasses.dataclass
@@ -138,6 +139,8 @@ class Master:
         self.dirty, self.started, self.stop_requested = True, False, False
         self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
         self.staleness_sum = 0
+        self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
+        self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
         self.cpu_at_start = None
         self.seen = set()
         self.started_at = self.display_at = time.monotonic()
@@ -208,6 +211,14 @@ class Master:
         if member is not None and member.last_round is not None:
             message["round"] = member.last_round
         self.replies.append((worker, message))
+        self.last_reply[worker] = message
+
+    def _answer_again(self, worker, round_id=None):
+        """A message seen before came again (its reply was lost, worker.py): the last reply goes out again, queued
+        as any reply (after the W it speaks of), if it answered that round."""
+        message = self.last_reply.get(worker)
+        if message is not None and (round_id is None or message.get("round") == round_id):
+            self.replies.append((worker, message))
 
     def read_result(self, worker):
         """Worker `worker`'s last result (read ahead, or now); a result holding NaN or Inf stops the job
@@ -345,11 +356,19 @@ class Master:
 
     def _handle(self, message):
         kind, worker = message.get("type"), str(message.get("worker"))
+        member = self.members.get(worker)
+        if member is not None:
+            member.last_heard = time.monotonic()
+            if member.silent:
+                log.info("Worker %s reports again", worker)
+                member.silent = False
         if kind == "join":
             self._join(worker, message)
         elif kind == "ready":
             member = self.pending.pop(worker, None)
             if member is None:
+                if worker in self.members:
+                    self._answer_again(worker)
                 return
             member.ready = True
             self.members[worker] = member
@@ -364,6 +383,9 @@ class Master:
             self._lost(worker, "left")
 
     def _join(self, worker, message):
+        if worker in self.pending and self.last_reply.get(worker, {}).get("status") == "slot":
+            self.store.reply_to(worker, self.last_reply[worker])       # its join came again: the same slot
+            return
         if worker in self.members:              # joining again (it saw a restart): it starts afresh
             self._lost(worker, "joined again")
         taken = {m.slot for m in list(self.members.values()) + list(self.pending.values())}
@@ -373,8 +395,8 @@ class Master:
             info["address"] = str(message["address"])[:100]
         self.pending[worker] = Member(worker, slot, info)
         self.store.add_member(worker, info)
-        self.store.reply_to(worker, {"status": "slot", "slot": slot, "shards": self.workers_wanted,
-                                     "epoch": self.epoch})
+        self.last_reply[worker] = {"status": "slot", "slot": slot, "shards": self.workers_wanted, "epoch": self.epoch}
+        self.store.reply_to(worker, self.last_reply[worker])
         log.info("Worker %s joined from %s%s (pid %s): data shard %d of %d", worker, info["host"],
                  " at " + info["address"] if "address" in info else "", info["pid"], slot % self.workers_wanted,
                  self.workers_wanted)
@@ -405,10 +427,12 @@ class Master:
             return
         key = (worker, message.get("round"))
         if key in self.seen:
-            return                              # a notice sent twice by a retry
+            self._answer_again(worker, message.get("round"))          # sent again: its reply was lost
+            return
         self.seen.add(key)
         member.last_round = message.get("round")
         member.images += int(message.get("images", 0))
+        member.rounds += 1
         member.compute_s += float(message.get("compute_s", 0.0))
         member.wait_s += float(message.get("wait_s", 0.0))
         try:
@@ -431,10 +455,23 @@ class Master:
         if self.store.job_state() is None:
             raise StoreError("job %s is gone from Redis (the server restarted, or the keys were removed)" % self.job)
         self.store.master_heartbeat(self.heartbeat_s)
+        now = time.monotonic()
+        if now - self.last_housekeeping > self.heartbeat_s:
+            # We were stalled (Redis paused or unreachable, this process stopped): every heartbeat key may have
+            # expired meanwhile; the workers get one heartbeat time to beat again before any is counted out.
+            self.grace_until = now + self.heartbeat_s
+        self.last_housekeeping = now
         ids = list(self.members) + list(self.pending)
-        for worker, alive in zip(ids, self.store.workers_alive(ids)):
-            if not alive:
-                self._lost(worker, "has no heartbeat for %g s" % self.heartbeat_s)
+        if now > self.grace_until:
+            for worker, alive in zip(ids, self.store.workers_alive(ids)):
+                if not alive:
+                    self._lost(worker, "has no heartbeat for %g s" % self.heartbeat_s)
+        for member in list(self.members.values()):
+            usual = (member.compute_s + member.wait_s) / member.rounds if member.rounds else 0.0
+            if self.started and not member.silent and now - member.last_heard > max(3 * self.heartbeat_s, 5 * usual):
+                member.silent = True
+                log.warning("Worker %s has sent nothing for %.0f s though its heartbeat lives (stuck, or a message "
+                            "of its own was lost: it sends it again)", member.id, now - member.last_heard)
         if not self.started and time.monotonic() - self.started_at > self.join_timeout_s:
             if not self.members:
                 raise StoreError("job %s: no worker joined within %.0f s" % (self.job, self.join_timeout_s))

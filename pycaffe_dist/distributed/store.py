@@ -353,11 +353,11 @@ class Store:
         """Publish (or re-publish) the job: its spec, state running, and a new epoch, which is returned (replies
         and results carry it, so that those of an earlier master are told apart). The inbox is emptied in the same
         transaction: emptied after it, a worker quick to see the job could lose its join."""
-        pipe = self._control.pipeline(transaction=True)
-        pipe.delete(self.key("inbox"))
-        pipe.hincrby(self.key("job"), "epoch", 1)
-        pipe.hset(self.key("job"), mapping={"spec": json.dumps(spec), "state": "running"})
-        return int(self._call(pipe.execute)[1])
+        def build(pipe):
+            pipe.delete(self.key("inbox"))
+            pipe.hincrby(self.key("job"), "epoch", 1)
+            pipe.hset(self.key("job"), mapping={"spec": json.dumps(spec), "state": "running"})
+        return int(self._pipeline(build)[1])
 
     def job_spec(self):
         raw = self._field(self.key("job"), "spec", MAX_SPEC)
@@ -432,10 +432,11 @@ class Store:
         if first is None or at_most <= 1:
             return [] if first is None else [first]
         inbox = self.key("inbox")
-        pipe = self._control.pipeline(transaction=True)
-        pipe.lrange(inbox, -(at_most - 1), -1)
-        pipe.ltrim(inbox, 0, -at_most)
-        raws = self._call(pipe.execute)[0]
+
+        def build(pipe):
+            pipe.lrange(inbox, -(at_most - 1), -1)
+            pipe.ltrim(inbox, 0, -at_most)
+        raws = self._pipeline(build)[0]
         return [first] + [self._parse(raw, inbox) for raw in reversed(raws)]
 
     def reply_to(self, worker, message):
@@ -445,10 +446,10 @@ class Store:
         """[(worker, message)] sent in one round trip."""
         if not replies:
             return
-        pipe = self._control.pipeline(transaction=False)
-        for worker, message in replies:
-            pipe.lpush(self.key("go", worker), json.dumps(message, separators=(",", ":")))
-        self._call(pipe.execute)
+        def build(pipe):
+            for worker, message in replies:
+                pipe.lpush(self.key("go", worker), json.dumps(message, separators=(",", ":")))
+        self._pipeline(build, transaction=False)
 
     def next_reply(self, worker, timeout):
         """The next reply to `worker`, or None after `timeout` seconds (0: don't wait)."""
@@ -523,23 +524,32 @@ class Store:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    def _pipeline(self, build, transaction=True):
+        """build(pipe)'s commands on the first server, in one round trip, retried as one: the pipeline is built
+        again for each try (a redis-py pipeline forgets its commands when its execute fails)."""
+        def run():
+            pipe = self._control.pipeline(transaction=transaction)
+            build(pipe)
+            return pipe.execute()
+        return self._call(run)
+
     def _beat(self, key, ttl_s):
         self._call(self._control.set, key, b"1", px=int(ttl_s * 1000))
 
     def _exist(self, keys):
         if not keys:
             return []
-        pipe = self._control.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(key)
-        return [bool(x) for x in self._call(pipe.execute)]
+        def build(pipe):
+            for key in keys:
+                pipe.exists(key)
+        return [bool(x) for x in self._pipeline(build, transaction=False)]
 
     def _field(self, key, field, limit=MAX_MESSAGE):
         """A hash field of bounded size (None if absent)."""
-        pipe = self._control.pipeline(transaction=True)
-        pipe.hstrlen(key, field)
-        pipe.hget(key, field)
-        length, value = self._call(pipe.execute)
+        def build(pipe):
+            pipe.hstrlen(key, field)
+            pipe.hget(key, field)
+        length, value = self._pipeline(build)
         if value is not None and length > limit:
             raise StoreError("job %s: %s %s is %d bytes (at most %d expected)" % (self.job, key, field, length, limit))
         return value

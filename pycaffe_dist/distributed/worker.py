@@ -25,6 +25,7 @@ from .store import Store, local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
 POLL_S = 1.0
+MASTER_TIMEOUT_BEATS = 10
 
 
 class Stopped(Exception):
@@ -45,17 +46,20 @@ class Outcome:
 
 
 class Worker:
-    def __init__(self, urls, job=None, threads=1, master_timeout_s=120.0, retry_s=30.0, wait_for_job_s=60.0,
+    def __init__(self, urls, job=None, threads=1, master_timeout_s=None, retry_s=30.0, wait_for_job_s=60.0,
                  worker_id=None, delay_s=0.0):
         self.job = jobs.find_job(urls, job) if job or wait_for_job_s <= 0 else \
             self._wait_for_a_job(urls, wait_for_job_s)
         self.store = Store(urls, self.job, retry_s)
-        self.threads, self.master_timeout_s = threads, master_timeout_s
+        self.threads = threads
         self.delay_s = delay_s              # seconds added to every round: a straggler on purpose, for tests
         self.spec = self._wait_for_spec(wait_for_job_s)
         self.mode = MODES[self.spec["mode"]].Worker
         self.tau = int(self.spec["options"].get("tau", 1))     # gradient-only has no tau: one gradient a round
         self.heartbeat_s = float(self.spec["heartbeat_s"])
+        # A master is gone after this long without its heartbeat: the job's heartbeat setting, ten times over (a
+        # master busy with a snapshot or a test on one core still beats within it).
+        self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
         self.id = self.store.claim_worker_id(worker_id)
         self.epoch, self.stopping, self.error = 0, threading.Event(), None
         self.stats = {"rounds": 0, "images": 0}
@@ -92,9 +96,17 @@ class Worker:
                 self.error = exc
                 self.stopping.set()
 
-    def _await(self, accept):
-        """The next reply `accept` takes (others are stale and skipped); checks the job and the master meanwhile."""
-        last_master = time.monotonic()
+    def _send_and_await(self, message, accept):
+        """Send `message` to the master and return the next reply `accept` takes (others are stale and skipped);
+        checks the job and the master meanwhile. A message or its reply can be lost (a blocking pop that Redis
+        serves to a connection the client already gave up, after Redis stalled longer than the socket timeout):
+        with no reply after twice the heartbeat time while the master lives, the message is sent again (the
+        master answers a message it has seen with its last reply)."""
+        self.store.send_to_master(message)
+        return self._await(accept, resend=message)
+
+    def _await(self, accept, resend=None):
+        last_master = sent = time.monotonic()
         while True:
             if self.error is not None:
                 raise self.error
@@ -116,6 +128,9 @@ class Worker:
                 raise Stopped()
             if self.store.master_alive():
                 last_master = time.monotonic()
+                if resend is not None and last_master - sent > 2 * self.heartbeat_s:
+                    self.store.send_to_master(resend)
+                    sent = last_master
             elif time.monotonic() - last_master > self.master_timeout_s:
                 raise StoreError("the master of job %s has not been seen for %.0f s (restart it with --resume to "
                                  "continue)" % (self.job, self.master_timeout_s))
@@ -124,8 +139,8 @@ class Worker:
 
     def _join(self):
         info = {"host": socket.gethostname(), "address": local_address(self.store.urls[0]), "pid": os.getpid()}
-        self.store.send_to_master(dict(info, type="join", worker=self.id))
-        reply = self._await(lambda m: m.get("status") in ("slot", "reset"))
+        reply = self._send_and_await(dict(info, type="join", worker=self.id),
+                                     lambda m: m.get("status") in ("slot", "reset"))
         if reply.get("status") == "reset":      # a restarted master: join again
             return self._join()
         return int(reply["slot"]), int(reply["shards"])
@@ -148,8 +163,8 @@ class Worker:
         if self.stopping.is_set():
             raise Stopped()
         self.store.put_result(self.id, result, round_id)
-        self.store.send_to_master(dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch))
-        reply = self._await(lambda m: m.get("status") == "reset" or m.get("round") == round_id)
+        reply = self._send_and_await(dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch),
+                                     lambda m: m.get("status") == "reset" or m.get("round") == round_id)
         return Outcome.of(reply, self.store.get_weights(self.shapes))
 
     def _compute(self, solver, start, iteration):
@@ -177,8 +192,8 @@ class Worker:
             solver = self._build_solver(slot, shards)
             self.shapes = [tuple(w.shape) for w in solver.weights]
             images = solver.images_per_iteration * (1 if self.mode.gradients else self.tau)
-            self.store.send_to_master({"type": "ready", "worker": self.id})
-            welcome = self._await(lambda m: m.get("status") in ("welcome", "reset"))
+            welcome = self._send_and_await({"type": "ready", "worker": self.id},
+                                           lambda m: m.get("status") in ("welcome", "reset"))
             self.epoch = int(welcome.get("epoch", 0))
             start = Outcome.of(dict(welcome, status="merged"), self.store.get_weights(self.shapes))
             self._rounds(solver, exchange, start, images)
