@@ -44,6 +44,10 @@ POLL_S = 0.2
 HISTORY_EVERY = 50          # gradient-only: merges between saves of the master's history to Redis
 
 
+class ResultLost(Exception):
+    """A worker's result is not on Redis (a server restarted empty between its write and its notice)."""
+
+
 class Member:
     def __init__(self, worker, slot, info):
         self.id, self.slot, self.info = worker, slot, info
@@ -224,6 +228,8 @@ class Master:
         """Worker `worker`'s last result (read ahead, or now); a result holding NaN or Inf stops the job
         (DivergedError). Its arrays are the reader's: the rule merges them before on_result returns."""
         arrays, bad = self.reader.take(worker)
+        if arrays is None:
+            raise ResultLost(worker)
         self.in_use.append(arrays)
         if bad is not None:
             raise DivergedError("worker %s's result holds NaN or Inf in %s" % (worker, self._blob(bad)))
@@ -297,9 +303,29 @@ class Master:
         if self.members:
             log.info("Resumed with %d live worker(s): %s", len(self.members), ", ".join(self.members))
             self.started = True
-            self.rule.start(list(self.members))
-            self.replies = [(w, dict(m, status="reset")) for w, m in self.replies]
+            self._reset_members()
             self._flush()
+
+    def _reset_members(self):
+        """Every member starts again from W (a reset: it pulls W and goes on; its result in flight is void)."""
+        self.rule.start(sorted(self.members, key=int))
+        self.replies = [(w, dict(m, status="reset")) for w, m in self.replies]
+
+    def _publish_again(self):
+        """The job is gone from Redis while it runs (a server restarted empty, or its keys were removed): publish it
+        again from memory, W and the members with it, and reset the workers, so that the job goes on by itself."""
+        log.warning("Job %s is gone from Redis (a server restarted empty, or its keys were removed): publishing it "
+                    "again from memory at merge %d", self.job, self.count)
+        self._published()
+        self.epoch = self.store.publish_job(self.spec)
+        for member in list(self.members.values()) + list(self.pending.values()):
+            self.store.add_member(member.id, member.info)
+        if self.mode_name == "gradient-only":
+            self._save_history()
+        self.dirty = True
+        self.grace_until = time.monotonic() + self.heartbeat_s     # their heartbeat keys went too
+        if self.started:
+            self._reset_members()
 
     def run(self):
         """Serve until max_iter merges (or a stop request); then test, snapshot, stop the workers, clean up."""
@@ -437,6 +463,10 @@ class Master:
         member.wait_s += float(message.get("wait_s", 0.0))
         try:
             self.rule.on_result(worker, message)
+        except ResultLost:
+            # Its blobs went with a Redis restarted empty: the worker starts again from W.
+            self.replies.append((worker, {"status": "reset", "iter": self.count, "epoch": self.epoch,
+                                          "workers": len(self.members), "round": member.last_round}))
         finally:
             for arrays in self.in_use:
                 self.reader.release(arrays)
@@ -453,7 +483,7 @@ class Master:
 
     def _housekeeping(self):
         if self.store.job_state() is None:
-            raise StoreError("job %s is gone from Redis (the server restarted, or the keys were removed)" % self.job)
+            self._publish_again()
         self.store.master_heartbeat(self.heartbeat_s)
         now = time.monotonic()
         if now - self.last_housekeeping > self.heartbeat_s:

@@ -37,11 +37,15 @@ class ResultReader:
             self.pending[worker] = self.pool.submit(self._read, worker, out)
 
     def _read(self, worker, out):
-        arrays = self.store.get_result(worker, self.shapes, out=out)
+        arrays = self.store.get_result(worker, self.shapes, out=out, missing_ok=True)
+        if arrays is None:
+            self.free.append(out)
+            return None, None
         return arrays, first_non_finite(arrays)
 
     def take(self, worker):
-        """(the worker's result, the index of its first blob holding NaN or Inf or None)."""
+        """(the worker's result, the index of its first blob holding NaN or Inf or None); (None, None) when the
+        result is not on Redis."""
         self.start(worker)
         return self.pending.pop(worker).result()
 
@@ -50,7 +54,9 @@ class ResultReader:
         future = self.pending.pop(worker, None)
         if future is not None:
             try:
-                self.release(future.result()[0])
+                arrays = future.result()[0]
+                if arrays is not None:
+                    self.release(arrays)
             except Exception:       # the read's own failure does not matter for a result nobody takes
                 pass
 

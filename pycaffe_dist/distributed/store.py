@@ -379,9 +379,9 @@ class Store:
         state = {"count": int(count), "current_step": int(current_step)}
         self._put_blobs("W", arrays, count, state=state)
 
-    def get_weights(self, shapes, out=None):
-        """(W, the merge count it was written at)."""
-        return self._get_blobs("W", shapes, out=out)
+    def get_weights(self, shapes, out=None, missing_ok=False):
+        """(W, the merge count it was written at); (None, None) if W is not there and missing_ok."""
+        return self._get_blobs("W", shapes, out=out, missing_ok=missing_ok)
 
     def master_state(self):
         """{'count', 'current_step'} as last written with W (empty when none was)."""
@@ -398,8 +398,9 @@ class Store:
     def put_result(self, worker, arrays, round_id):
         self._put_blobs("x", arrays, round_id, owner=worker)
 
-    def get_result(self, worker, shapes, out=None):
-        return self._get_blobs("x", shapes, owner=worker, out=out)[0]
+    def get_result(self, worker, shapes, out=None, missing_ok=False):
+        """The worker's last result (None if it is not there and missing_ok)."""
+        return self._get_blobs("x", shapes, owner=worker, out=out, missing_ok=missing_ok)[0]
 
     # --- progress, for displays ------------------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ class Worker:
 
     def _await(self, accept, resend=None):
         last_master = sent = time.monotonic()
+        gone_since = None
         while True:
             if self.error is not None:
                 raise self.error
@@ -123,7 +124,16 @@ class Worker:
                 continue
             state = self.store.job_state()
             if state is None:
-                raise StoreError("job %s is gone from Redis (the job was removed or the server restarted)" % self.job)
+                # A Redis restarted empty: the master publishes the job again and resets its workers.
+                if gone_since is None:
+                    gone_since = time.monotonic()
+                    log.warning("job %s is gone from Redis: waiting up to %.0f s for the master to publish it again",
+                                self.job, self.master_timeout_s)
+                elif time.monotonic() - gone_since > self.master_timeout_s:
+                    raise StoreError("job %s is gone from Redis (the job was removed or the server restarted) and "
+                                     "was not published again within %.0f s" % (self.job, self.master_timeout_s))
+                continue
+            gone_since = None
             if state == "done":
                 raise Stopped()
             if self.store.master_alive():
@@ -165,7 +175,21 @@ class Worker:
         self.store.put_result(self.id, result, round_id)
         reply = self._send_and_await(dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch),
                                      lambda m: m.get("status") == "reset" or m.get("round") == round_id)
-        return Outcome.of(reply, self.store.get_weights(self.shapes))
+        return Outcome.of(reply, self._pull())
+
+    def _pull(self):
+        """(W, its merge count). W is missing only after a Redis restarted empty, until the master publishes the
+        job again: wait for it as long as for a master."""
+        deadline = time.monotonic() + self.master_timeout_s
+        while True:
+            weights, version = self.store.get_weights(self.shapes, missing_ok=True)
+            if weights is not None:
+                return weights, version
+            if time.monotonic() > deadline:
+                raise StoreError("job %s: W is gone from Redis and was not published again within %.0f s"
+                                 % (self.job, self.master_timeout_s))
+            if self.stopping.wait(0.1):
+                raise Stopped()
 
     def _compute(self, solver, start, iteration):
         """One round's work from the weights `start`: (the weights at its end, the gradients or None, the loss)."""
@@ -195,7 +219,7 @@ class Worker:
             welcome = self._send_and_await({"type": "ready", "worker": self.id},
                                            lambda m: m.get("status") in ("welcome", "reset"))
             self.epoch = int(welcome.get("epoch", 0))
-            start = Outcome.of(dict(welcome, status="merged"), self.store.get_weights(self.shapes))
+            start = Outcome.of(dict(welcome, status="merged"), self._pull())
             self._rounds(solver, exchange, start, images)
         except Stopped:
             pass

@@ -1,5 +1,5 @@
 """Faults and neighbours: a master killed and resumed, a worker joining a running job, two jobs on one Redis,
-wrong passwords and unreachable servers."""
+wrong passwords and unreachable servers, Redis killed, paused and restarted empty, lost replies."""
 import signal
 import subprocess
 import sys
@@ -191,3 +191,40 @@ def _reply(store, time):
         if message is not None:
             return message
     pytest.fail("no reply from the master")
+
+
+def test_a_redis_restarted_empty_gets_the_job_again_and_the_run_goes_on(procs, make_solver, monkeypatch):
+    """Redis killed and started again, empty, on its port: the master publishes the job again from memory (W,
+    members, a new epoch) and resets its workers, which waited for it; the run finishes with both workers."""
+    import os
+    import re
+    import time
+    from pycaffe_dist.distributed.launch import LocalRedis
+    from pycaffe_dist.distributed.store import Store, connect
+    server = LocalRedis()
+    try:
+        procs.env["PCD_REDIS_PASSWORD"] = server.password
+        procs.url = server.url
+        merges = 3000
+        procs.master("restart", make_solver(max_iter=merges), "async", 2)
+        procs.worker("restart", 0)
+        procs.worker("restart", 1)
+        monkeypatch.setenv("PCD_REDIS_PASSWORD", server.password)
+        wait_for_merges(Store(server.url, "restart"), 300)
+        server.process.kill()
+        server.process.wait()
+        time.sleep(2)
+        server.process = subprocess.Popen([server.binary, os.path.join(server.dir, "redis.conf")],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.check("master", 240)
+        assert "publishing it again from memory" in procs.log("master")
+        rounds = []
+        for index in (0, 1):
+            procs.check("worker%d" % index, 60)
+            rounds.append(int(re.search(r"worker %d: (\d+) rounds" % index, procs.log("worker%d" % index)).group(1)))
+        assert min(rounds) > 0.3 * merges, rounds
+        stats = procs.stats()
+        assert stats["count"] == merges and len(stats["workers"]) == 2 and accuracies(stats)[-1] > 0.8
+        assert keys_of(connect(server.url), "restart") == []
+    finally:
+        server.stop()
