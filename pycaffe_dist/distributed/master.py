@@ -145,8 +145,9 @@ class Master:
         self.staleness_sum = 0
         self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
+        self.slots = {}                         # worker -> the data slot it was last given
         self.cpu_at_start = None
-        self.seen = set()
+        self.last_round = {}                    # worker -> its highest round seen (its rounds count up from 0)
         self.started_at = self.display_at = time.monotonic()
         self.test_results, self.snapshots = [], []
         if settings.resume or settings.snapshot:
@@ -415,12 +416,16 @@ class Master:
         if worker in self.members:              # joining again (it saw a restart): it starts afresh
             self._lost(worker, "joined again")
         taken = {m.slot for m in list(self.members.values()) + list(self.pending.values())}
-        slot = next(i for i in range(len(taken) + 1) if i not in taken)
+        slot = self.slots.get(worker)           # a worker joining again keeps its data shard if it is free
+        if slot is None or slot in taken:
+            slot = next(i for i in range(len(taken) + 1) if i not in taken)
+        self.slots[worker] = slot
         info = {"host": str(message.get("host", "?"))[:200], "pid": int(message.get("pid", 0)), "slot": slot}
         if message.get("address"):
             info["address"] = str(message["address"])[:100]
         self.pending[worker] = Member(worker, slot, info)
         self.store.add_member(worker, info)
+        self.last_round.pop(worker, None)       # a worker joining (again) counts its rounds from 0
         self.last_reply[worker] = {"status": "slot", "slot": slot, "shards": self.workers_wanted, "epoch": self.epoch}
         self.store.reply_to(worker, self.last_reply[worker])
         log.info("Worker %s joined from %s%s (pid %s): data shard %d of %d", worker, info["host"],
@@ -446,16 +451,17 @@ class Master:
     def _merge_result(self, worker, message):
         member = self.members.get(worker)
         if member is None:
-            # Counted out (no heartbeat) or unknown: it must not go on with stale weights.
-            self.store.reply_to(worker, {"status": "stop", "reason": "not a member of the job"})
+            # Counted out (its heartbeat lapsed: stopped, cut off) or unknown: it joins again and starts from W.
+            if worker not in self.pending:
+                self.store.reply_to(worker, {"status": "rejoin", "reason": "not a member of the job"})
             return
         if int(message.get("epoch", -1)) != self.epoch:
             return
-        key = (worker, message.get("round"))
-        if key in self.seen:
-            self._answer_again(worker, message.get("round"))          # sent again: its reply was lost
+        round_id = int(message.get("round", -1))
+        if round_id <= self.last_round.get(worker, -1):
+            self._answer_again(worker, round_id)    # sent again: its reply was lost
             return
-        self.seen.add(key)
+        self.last_round[worker] = round_id
         member.last_round = message.get("round")
         member.images += int(message.get("images", 0))
         member.rounds += 1

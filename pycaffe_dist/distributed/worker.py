@@ -32,6 +32,10 @@ class Stopped(Exception):
     """The master said stop (the job is done)."""
 
 
+class Rejoin(Exception):
+    """The master no longer counts this worker in (its heartbeat lapsed): it joins again."""
+
+
 class Outcome:
     """A reply and what was pulled after it: status, W, the merge count W was written at (`version`), the merge
     count the reply was sent at (`iteration`), and the live workers the master counted."""
@@ -117,6 +121,8 @@ class Worker:
             if message is not None:
                 if message.get("status") == "stop":
                     raise Stopped()
+                if message.get("status") == "rejoin":
+                    raise Rejoin()
                 if message.get("status") == "reset":
                     self.epoch = int(message.get("epoch", self.epoch))
                 if accept(message):
@@ -216,11 +222,21 @@ class Worker:
             solver = self._build_solver(slot, shards)
             self.shapes = [tuple(w.shape) for w in solver.weights]
             images = solver.images_per_iteration * (1 if self.mode.gradients else self.tau)
-            welcome = self._send_and_await({"type": "ready", "worker": self.id},
-                                           lambda m: m.get("status") in ("welcome", "reset"))
-            self.epoch = int(welcome.get("epoch", 0))
-            start = Outcome.of(dict(welcome, status="merged"), self._pull())
-            self._rounds(solver, exchange, start, images)
+            while True:
+                try:
+                    welcome = self._send_and_await({"type": "ready", "worker": self.id},
+                                                   lambda m: m.get("status") in ("welcome", "reset"))
+                    self.epoch = int(welcome.get("epoch", 0))
+                    start = Outcome.of(dict(welcome, status="merged"), self._pull())
+                    self._rounds(solver, exchange, start, images)
+                except Rejoin:
+                    # Counted out while it could not beat (stopped, cut off): it joins again and goes on from W.
+                    log.warning("worker %s: the master counted it out; joining again", self.id)
+                    exchange.shutdown(wait=True, cancel_futures=True)
+                    exchange = ThreadPoolExecutor(1, thread_name_prefix="exchange")
+                    again, shards = self._join()
+                    if again != slot:
+                        slot, solver = again, self._build_solver(again, shards)
         except Stopped:
             pass
         finally:

@@ -228,3 +228,34 @@ def test_a_redis_restarted_empty_gets_the_job_again_and_the_run_goes_on(procs, m
         assert keys_of(connect(server.url), "restart") == []
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_worker_stopped_past_its_heartbeat_joins_again_and_trains_on(mode, procs, make_solver, store_for):
+    """SIGSTOP a worker for longer than its heartbeat, then SIGCONT: the master counts it out and says so, the
+    worker is told to join again (it used to be told to stop), gets its data shard back, and trains on."""
+    import os
+    import re
+    import time
+    job = "stopped-" + mode
+    store = store_for(job)
+    procs.master(job, make_solver(max_iter=10 ** 6), mode, 2)
+    procs.worker(job, 0)
+    victim = procs.worker(job, 1)
+    wait_for_merges(store, 200)
+    os.kill(victim.pid, signal.SIGSTOP)
+    time.sleep(4)                                       # the heartbeat is 1.5 s
+    os.kill(victim.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 60
+    while len(re.findall(r"Worker 1 joined from", procs.log("master"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    wait_for_merges(store, store.progress()["count"] + 300)
+    procs.procs["master"].send_signal(signal.SIGINT)
+    procs.check("master", 120)
+    procs.check("worker1", 60)
+    master, worker = procs.log("master"), procs.log("worker1")
+    assert "Worker 1 has no heartbeat" in master and "joining again" in worker
+    shards = re.findall(r"Worker 1 joined from .*data shard (\d+) of 2", master)
+    assert len(shards) == 2 and shards[0] == shards[1]                  # its own shard back
+    stats = procs.stats()
+    assert sorted(stats["workers"]) == ["0", "1"] and stats["workers"]["1"] > 0
