@@ -35,7 +35,7 @@ _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 _16_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N"}
 # What Pillow's decoders raise on damaged data, besides OSError (UnidentifiedImageError is one): seen by fuzzing
 # (tests/fuzz). Caught around Pillow's calls only, never around our own code.
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError, struct.error,
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError, struct.error,
                   ZeroDivisionError)
 
 
@@ -63,11 +63,28 @@ def _pixels(image, is_color, where, new_height=0, new_width=0):
         if new_height > 0 and new_width > 0:
             image = image.resize((new_width, new_height), Image.BILINEAR)
         array = np.asarray(image, dtype=np.uint8)
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         raise DataError("%s: cannot decode the image: %s" % (where, exc)) from None
     if is_color:
         return np.ascontiguousarray(array[:, :, ::-1].transpose(2, 0, 1))
     return array[np.newaxis]
+
+
+class _BoundedFile(io.BufferedReader):
+    """An image file whose read(n) asks for no more than the file still holds. Pillow reads a chunk by the length
+    its header gives, and a buffered read allocates all n bytes before it reads: a damaged PNG chunk length made
+    one read allocate gigabytes."""
+
+    def __init__(self, path):
+        super().__init__(io.FileIO(path, "rb"))
+        self.size = os.fstat(self.fileno()).st_size
+
+    def read(self, n=-1):
+        if n is not None and n > 0:
+            n = min(n, max(0, self.size - self.tell()))
+            if n == 0:
+                return b""
+        return super().read(n)
 
 
 def open_image(source, where, channels=1):
@@ -75,16 +92,26 @@ def open_image(source, where, channels=1):
     module docstring; `channels`: how many the caller will make of it (3 for colour). Close it when done."""
     Image = _pillow()
     try:
-        image = Image.open(source, formats=FORMATS)
+        if isinstance(source, (str, os.PathLike)):
+            with _BoundedFile(source) as f:
+                return _open(Image, f, where, channels)
+        return _open(Image, source, where, channels)
     except FileNotFoundError:
         raise DataError("%s: no such image file" % where) from None
+    except (OSError, ValueError) as exc:        # a directory, a name with a NUL byte, ...
+        raise DataError("%s: cannot read the image: %s" % (where, exc)) from None
+
+
+def _open(Image, f, where, channels):
+    try:
+        image = Image.open(f, formats=FORMATS)
     except Image.UnidentifiedImageError:
         raise DataError("%s: cannot decode the image: not an image in a format Caffe reads (%s)"
                         % (where, ", ".join(FORMATS))) from None
     except Image.DecompressionBombError as exc:      # over 179 Mpixels: Pillow refuses it before we see it
         raise DataError("%s: the image is larger than %d values (MAX_IMAGE_VALUES; PCD_MAX_IMAGE_VALUES sets another "
                         "bound): %s" % (where, max_image_values(), exc)) from None
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         raise DataError("%s: cannot decode the image: %s" % (where, exc)) from None
     try:
         width, height = image.size
@@ -95,7 +122,7 @@ def open_image(source, where, channels=1):
                             "PCD_MAX_IMAGE_VALUES sets another bound)" % (where, width, height, bands, limit))
         try:
             image.load()
-        except (Image.DecompressionBombError,) + _DECODE_ERRORS as exc:
+        except (Image.DecompressionBombError,) + DECODE_ERRORS as exc:
             raise DataError("%s: cannot decode the image: %s" % (where, exc)) from None
     except BaseException:
         image.close()

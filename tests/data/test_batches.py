@@ -165,6 +165,15 @@ BROKEN_PNG = bytes.fromhex(
     "750000001a4944005463e7e0e4e2e6e1e5e3171014121611151367185a12003b8508a1defd16dd0000000049454e44ae426082")
 
 
+def test_records_of_other_channels_are_refused_even_with_a_crop(tmp_path):
+    """np.concatenate raised ValueError (found by tests/fuzz); Caffe's DataTransformer CHECKs the channels."""
+    rng = np.random.default_rng(7)
+    with pytest.raises(DataError, match=r"layer 'data': record b'00000001' has shape 1x6x7 but the batch started "
+                       r"with 3x4x5; all records need the same number of channels"):
+        batches_from(tmp_path, [raw_datum(rng, shape=(3, 4, 5)), raw_datum(rng, shape=(1, 6, 7))], 2,
+                     crop_size=3)()
+
+
 def test_a_corrupt_png_in_a_datumfile_record_names_the_record(tmp_path):
     rng = np.random.default_rng(6)
     encoded = caffe_pb2.Datum(data=BROKEN_PNG, encoded=True, label=1)

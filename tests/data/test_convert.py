@@ -137,6 +137,13 @@ def test_bad_list_lines_name_the_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_list_that_is_not_utf8_names_the_line(tmp_path):
+    """Read as text: UnicodeDecodeError (found by tests/fuzz)."""
+    (tmp_path / "list.txt").write_bytes(b"a.png 1\nb\x80.png 2\n")
+    with pytest.raises(DataError, match=r"list.txt:2: not UTF-8 text \(byte 0x80\)"):
+        convert.read_image_list(tmp_path / "list.txt")
+
+
 def test_convert_db_between_all_backends(golden_idx, tmp_path):
     expected = list(open_records(CASE / "train_lmdb", "lmdb"))
     log = io.StringIO()

@@ -169,3 +169,21 @@ def test_formats_opencv_does_not_read_are_refused():
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(out, format="TGA")
     with pytest.raises(DataError, match=r"t: cannot decode the image: not an image in a format Caffe reads"):
         decode_image(out.getvalue(), True, "t")
+
+
+def test_a_damaged_chunk_length_is_not_read_at_once(tmp_path):
+    """Pillow reads what is left of a PNG chunk by its declared length, and a buffered file read allocates the
+    length first: 2 GiB for 4 damaged bytes (MemoryError under a memory limit, found by tests/fuzz)."""
+    import tracemalloc
+    data = bytearray(png(np.zeros((4, 4, 3), np.uint8)))
+    idat = data.index(b"IDAT") - 4
+    data[idat:idat + 4] = struct.pack(">I", 2 ** 31 - 1)
+    (tmp_path / "long.png").write_bytes(bytes(data))
+    tracemalloc.start()
+    try:
+        load_image(tmp_path / "long.png", True)
+    except DataError:
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 24
