@@ -17,10 +17,11 @@ import contextlib
 
 import numpy as np
 
+from ..blob.blob import INT_MAX
 from ..errors import DataError
 
 H5_ERRORS = (OSError, KeyError, RuntimeError, ValueError, TypeError)
-MAX_VALUES = 2 ** 31 - 1
+MAX_VALUES = INT_MAX
 MAX_EXPANSION = 1024
 _SLACK_BYTES = 1 << 20
 
