@@ -118,7 +118,8 @@ def layer_groups(group, path, error=DataError):
         with reading(path, "group '%s'" % (prefix or "/"), error):
             items = [(key, group[key]) for key in group]
         for key, item in items:
-            if not is_group(item) or item.id in seen:
+            # h5py gives a name that is not UTF-8 as bytes: no layer can have it (Caffe would skip it too)
+            if not isinstance(key, str) or not is_group(item) or item.id in seen:
                 continue
             seen.add(item.id)
             full = prefix + key

@@ -67,5 +67,6 @@ def test_layer_groups_walks_each_group_once(tmp_path):
         f["data/fire2/squeeze/0"] = np.zeros(2)          # a layer named "fire2/squeeze"
         f.create_group("data/empty")
         f["data/fire2/back"] = f["data"]                  # hard links can make a group its own descendant
+        f["data"].create_group(b"\xfcber")                # h5py gives a name that is not UTF-8 as bytes
     with hdf5.open_file(path) as f:
         assert sorted(hdf5.layer_groups(f["data"], path)) == ["conv1", "empty", "fire2/squeeze"]
