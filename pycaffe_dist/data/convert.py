@@ -83,6 +83,8 @@ def read_image_list(listfile):
             raw = f.read()
     except OSError as exc:
         raise DataError("%s: cannot read the image list: %s" % (listfile, exc.strerror)) from None
+    except ValueError as exc:      # a name with a NUL byte (a prototxt string may hold one)
+        raise DataError("%r: cannot read the image list: %s" % (str(listfile), exc)) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -27,6 +27,8 @@ def _read_bytes(path):
         raise DataError("%s: no such IDX file" % path) from None
     except OSError as exc:
         raise DataError("%s: cannot read: %s" % (path, exc.strerror)) from None
+    except ValueError as exc:      # a name with a NUL byte
+        raise DataError("%r: cannot read: %s" % (path, exc)) from None
     if data[:2] == b"\x1f\x8b":
         try:
             data = _decompress(data)

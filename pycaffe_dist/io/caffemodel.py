@@ -22,6 +22,8 @@ def is_hdf5(path):
             return f.read(8) == HDF5_MAGIC
     except OSError as exc:
         raise ModelFileError("%s: cannot read: %s" % (path, exc.strerror)) from None
+    except ValueError as exc:      # a name with a NUL byte (a solver state's learned_net may hold one)
+        raise ModelFileError("%r: cannot read: %s" % (str(path), exc)) from None
 
 
 def write_model(net, path, hdf5=False, write_diff=False):

@@ -411,7 +411,7 @@ class HDF5OutputLayer(Layer):
         self.check(bool(path), "hdf5_output_param.file_name must be set")
         try:
             h5py.File(path, "w").close()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:      # ValueError: a name with a NUL byte
             raise DataError("layer '%s' (HDF5Output): cannot create %s: %s" % (self.name, path, exc)) from None
 
     def reshape(self, bottom, top):

@@ -33,6 +33,8 @@ def _read_bytes(path):
         raise ModelFileError("%s: no such file" % path) from None
     except OSError as exc:
         raise ModelFileError("%s: cannot read: %s" % (path, exc.strerror)) from None
+    except ValueError as exc:      # a name with a NUL byte (a prototxt string may hold one)
+        raise ModelFileError("%r: cannot read: %s" % (str(path), exc)) from None
     if path.suffix == ".h5" or data[:8] == b"\x89HDF\r\n\x1a\n":
         raise ModelFileError("%s: is an HDF5 file; only binaryproto snapshots are read" % path)
     return data

@@ -201,3 +201,9 @@ def test_progress_bar_on_a_tty_and_summary_otherwise(monkeypatch):
     progress.step(4)
     progress.close()
     assert "\r" not in plain.getvalue() and plain.getvalue().startswith("job: 4 records in ")
+
+
+def test_an_image_list_name_with_a_nul_byte():
+    """From a prototxt string (image_data_param.source): open() raised ValueError."""
+    with pytest.raises(DataError, match=r"'l\\x00': cannot read the image list: embedded null byte"):
+        convert.read_image_list("l\0")

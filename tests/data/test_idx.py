@@ -27,3 +27,8 @@ def test_gzip_is_read_no_further_than_the_header_declares(tmp_path):
         read_idx(tmp_path / "big.gz")
     (tmp_path / "ok.gz").write_bytes(gzip.compress(header + bytes(range(8))))
     assert read_idx(tmp_path / "ok.gz").tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+
+
+def test_a_file_name_with_a_nul_byte():
+    with pytest.raises(DataError, match=r"'x\\x00': cannot read: embedded null byte"):
+        read_idx("x\0")

@@ -58,3 +58,9 @@ def test_damaged_hdf5_models_name_the_file_and_the_object(tmp_path):
         f["data"] = np.zeros(3)
     with pytest.raises(ModelFileError, match=r"w.h5: is not a Caffe HDF5 model: it has no 'data' group"):
         load_weights(net, path)
+
+
+def test_a_file_name_with_a_nul_byte():
+    """A solver state's learned_net may hold one: open() raised ValueError."""
+    with pytest.raises(ModelFileError, match=r"'w\\x00.caffemodel': cannot read: embedded null byte"):
+        load_weights(small_net(), "w\0.caffemodel")

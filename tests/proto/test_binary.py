@@ -73,3 +73,10 @@ def test_a_string_field_that_is_not_utf8_names_the_file_and_the_field(tmp_path):
     state = caffe_pb2.SolverState(iter=3).SerializeToString() + b"\x12\x01\xff"      # learned_net
     with pytest.raises(ModelFileError, match=r"<state>: is not a Caffe solver state .*learned_net is not UTF-8"):
         parse_binary(state, caffe_pb2.SolverState(), "<state>")
+
+
+def test_a_file_name_with_a_nul_byte(tmp_path):
+    """From a prototxt string ("mean_file: \"m\\000\"") or a solver state's learned_net: open() raised
+    ValueError."""
+    with pytest.raises(ModelFileError, match=r"m\\x00.binaryproto': cannot read: embedded null byte"):
+        read_binary(str(tmp_path / "m\0.binaryproto"), caffe_pb2.BlobProto())
