@@ -486,6 +486,25 @@ class Idx(Harness):
         read_idx(_write(workdir / "x-idx", data))
 
 
+class CaffeLog(Harness):
+    """Caffe-format training logs (solver/training_log.py), as `dist_caffe plot` reads them: Caffe's own."""
+    name, ext, kinds = "caffe_log", ".log", ("bytes", "text")
+
+    def seeds(self, workdir):
+        stamped = b"".join(b"I1231 23:59:%02d.%06d  4242 solver.cpp:%d] %s\n" % (50 + i, 4636 * i, 200 + i, line)
+                           for i, line in enumerate([b"Iteration 0, Testing net (#0)",
+                                                     b"    Test net output #0: accuracy = 0.1",
+                                                     b"Iteration 0 (0 iter/s, 0.01s/20 iters), loss = 2.30",
+                                                     b"    Train net output #0: loss = 2.30 (* 1 = 2.30 loss)",
+                                                     b"Iteration 0, lr = 0.01"]))
+        stamped += b"I0101 00:00:01.000001  4242 solver.cpp:218] Iteration 20, loss = 1.5\n"     # a new year
+        return [p.read_bytes() for p in sorted(GOLDEN.rglob("caffe_train.log"))][:4] + [stamped]
+
+    def run(self, data, workdir):
+        from pycaffe_dist.solver.training_log import parse_log
+        parse_log(_write(workdir / "train.log", data))
+
+
 HARNESSES = {h.name: h for h in (Prototxt(), Caffemodel(), CaffemodelHdf5(), Solverstate(), SolverstateHdf5(),
                                  Binaryproto(), Datumfile(), DatumfileIndex(), Lmdb(), Leveldb(), Images(),
-                                 ImageList(), Hdf5Data(), Idx())}
+                                 ImageList(), Hdf5Data(), Idx(), CaffeLog())}

@@ -149,7 +149,8 @@ _READER_MODULES = ["pycaffe_dist.proto.binary", "pycaffe_dist.io.prototxt", "pyc
                    "pycaffe_dist.io.pycaffe_io", "pycaffe_dist.blob.binaryproto", "pycaffe_dist.data.sources",
                    "pycaffe_dist.data.lmdb_check", "pycaffe_dist.data.images", "pycaffe_dist.data.hdf5",
                    "pycaffe_dist.data.idx", "pycaffe_dist.data.batches", "pycaffe_dist.data.transform",
-                   "pycaffe_dist.data.convert", "pycaffe_dist.layers.data", "pycaffe_dist.net.net"]
+                   "pycaffe_dist.data.convert", "pycaffe_dist.layers.data", "pycaffe_dist.net.net",
+                   "pycaffe_dist.solver.training_log"]
 
 
 def _prepare(reader, scratch, max_mb):
