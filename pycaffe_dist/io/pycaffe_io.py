@@ -91,7 +91,7 @@ def datum_to_array(datum):
         values = np.frombuffer(datum.data, dtype=np.uint8).copy()
     else:
         values = np.array(datum.float_data, dtype=float)
-    if values.size != shape[0] * shape[1] * shape[2]:
+    if min(shape) < 0 or values.size != shape[0] * shape[1] * shape[2]:      # -1 x -2 x 3 is 6 too
         raise DataError("datum holds %d values, not channels x height x width = %s"
                         % (values.size, "x".join(map(str, shape))))
     return values.reshape(shape)

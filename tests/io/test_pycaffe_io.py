@@ -171,6 +171,8 @@ def test_datum_errors():
         caffe.io.datum_to_array(caffe_pb2.Datum(channels=1, height=2, width=2, data=b"abc"))
     with pytest.raises(DataError, match="encoded"):
         caffe.io.datum_to_array(caffe_pb2.Datum(channels=3, height=2, width=2, data=b"\xff\xd8", encoded=True))
+    with pytest.raises(DataError, match="holds 6 values, not channels x height x width = -1x-2x3"):
+        caffe.io.datum_to_array(caffe_pb2.Datum(channels=-1, height=-2, width=3, data=bytes(6)))   # reshape failed
 
 
 # --- oversample ----------------------------------------------------------------------------------------------
