@@ -17,6 +17,7 @@ from ..proto import caffe_pb2
 from .synced_memory import SyncedMemory
 
 MAX_BLOB_AXES = 32  # Caffe's kMaxBlobAxes
+INT_MAX = 2 ** 31 - 1   # Caffe counts a blob's values in an int
 
 
 def canonical_axis(axis, num_axes, what="axis"):
@@ -54,6 +55,10 @@ class Blob:
             raise NetError("blob shape %s has more than %d axes" % (shape, MAX_BLOB_AXES))
         if any(d < 0 for d in shape):
             raise NetError("blob shape %s has a negative dimension" % (shape,))
+        # Caffe's Blob::Reshape: "blob size exceeds INT_MAX". Counted without zero axes, whose blobs hold nothing
+        # but which numpy cannot describe either (a damaged file's (0, 2^40, 2^40) raised ValueError).
+        if count([d for d in shape if d]) > INT_MAX:
+            raise NetError("blob shape %s: blob size exceeds INT_MAX" % (shape,))
         if shape == self._shape:
             return
         keep = count(shape) == count(self._shape)

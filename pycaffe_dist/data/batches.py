@@ -19,12 +19,16 @@ def _transform_stack(transformer, arrays, names, where):
     first = arrays[0].shape
     if all(array.shape == first for array in arrays):
         return transformer.transform(np.stack(arrays))
-    if transformer.param.crop_size:
+    crop = transformer.param.crop_size
+    # a crop makes heights and widths agree, never channels (Caffe's DataTransformer CHECKs them per record)
+    odd = [(n, a) for n, a in zip(names, arrays) if a.shape[0] != first[0] or (not crop and a.shape != first)]
+    if not odd:
         return np.concatenate([transformer.transform(array[None]) for array in arrays])
-    name, array = next((n, a) for n, a in zip(names, arrays) if a.shape != first)
-    raise DataError("%s: record %s has shape %s but the batch started with %s; records of different sizes "
-                    "need crop_size (or resizing when the database is made)"
-                    % (where, name, "x".join(map(str, array.shape)), "x".join(map(str, first))))
+    name, array = odd[0]
+    raise DataError("%s: record %s has shape %s but the batch started with %s; %s"
+                    % (where, name, "x".join(map(str, array.shape)), "x".join(map(str, first)),
+                       "all records need the same number of channels" if crop else
+                       "records of different sizes need crop_size (or resizing when the database is made)"))
 
 
 def datum_image(datum, transform_param, where):

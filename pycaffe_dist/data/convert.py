@@ -79,10 +79,17 @@ def read_image_list(listfile):
     """[(line number, file name, label)] of a convert_imageset / ImageData list: "name label" per line, split at
     the last space (names may hold spaces), blank lines skipped."""
     try:
-        with open(listfile) as f:
-            text = f.read()
+        with open(listfile, "rb") as f:
+            raw = f.read()
     except OSError as exc:
         raise DataError("%s: cannot read the image list: %s" % (listfile, exc.strerror)) from None
+    except ValueError as exc:      # a name with a NUL byte (a prototxt string may hold one)
+        raise DataError("%r: cannot read the image list: %s" % (str(listfile), exc)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError("%s:%d: not UTF-8 text (byte 0x%02x)"
+                        % (listfile, raw.count(b"\n", 0, exc.start) + 1, raw[exc.start])) from None
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.rstrip()

@@ -6,6 +6,8 @@ Layout (big-endian): 2 zero bytes, a type byte (0x08 uint8, 0x09 int8, 0x0B int1
 Caffe's convert_mnist_data checks. Files are recognised as gzip by their first two bytes, not by their name.
 """
 import gzip
+import io
+import math
 import struct
 import zlib
 
@@ -25,12 +27,36 @@ def _read_bytes(path):
         raise DataError("%s: no such IDX file" % path) from None
     except OSError as exc:
         raise DataError("%s: cannot read: %s" % (path, exc.strerror)) from None
+    except ValueError as exc:      # a name with a NUL byte
+        raise DataError("%r: cannot read: %s" % (path, exc)) from None
     if data[:2] == b"\x1f\x8b":
         try:
-            data = gzip.decompress(data)
+            data = _decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise DataError("%s: is not a readable gzip file (truncated or corrupt): %s" % (path, exc)) from None
     return data
+
+
+def _decompress(data):
+    """The gzip stream's bytes, no more than its IDX header declares (plus one, to tell a longer file): a small
+    damaged or hostile .gz could otherwise expand to any size."""
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+        head = f.read(4)
+        if len(head) < 4:
+            return head
+        head += f.read(4 * head[3])
+        if len(head) < 4 + 4 * head[3] or (head[2] not in _TYPES):
+            return head
+        dims = struct.unpack(">%dI" % head[3], head[4:])
+        left = math.prod(dims) * np.dtype(_TYPES[head[2]]).itemsize + 1
+        parts = [head]
+        while left > 0:           # in steps: read(n) would allocate all n bytes at once
+            part = f.read(min(left, 1 << 24))
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
 
 
 def read_idx(path, magic=None):
@@ -52,10 +78,13 @@ def read_idx(path, magic=None):
                         % (path, ndim, header, len(data)))
     dims = struct.unpack(">%dI" % ndim, data[4:header])
     dtype = np.dtype(_TYPES[type_code])
-    expected = header + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = header + math.prod(dims) * dtype.itemsize      # Python ints: an int64 product could wrap
     if len(data) != expected:
         raise DataError("%s: header says %s items of %d bytes: expected %d bytes (with the header), the file holds %d"
                         % (path, " x ".join(map(str, dims)), dtype.itemsize, expected, len(data)))
+    if math.prod(d for d in dims if d) * dtype.itemsize >= 2 ** 63:
+        # possible with a zero dimension among them, but no array numpy can describe
+        raise DataError("%s: header says %s items: more than an array can hold" % (path, " x ".join(map(str, dims))))
     array = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
     return array.astype(dtype.newbyteorder("="), copy=False)
 

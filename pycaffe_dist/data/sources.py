@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 from .._kernels import datum as _datum
 from ..errors import DataError
 from ..proto import caffe_pb2
+from . import lmdb_check
 
 DB = caffe_pb2.DataParameter
 DATUMFILE_MAX_BUF = 104857600   # 100 MiB: larger length fields are corruption (reference/datumfile.md)
@@ -179,36 +180,59 @@ class LmdbSource(RecordSource):
 
     def _open_env(self):
         import lmdb
+        subdir = os.path.isdir(self.path)
+        # LMDB trusts its file: a damaged one could crash the process (SIGBUS) where it should be a DataError
+        lmdb_check.check(os.path.join(self.path, "data.mdb") if subdir else self.path)
         try:
-            return lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(self.path))
+            return lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=subdir)
         except lmdb.Error as exc:
             raise DataError("%s: cannot open LMDB: %s" % (self.path, exc)) from None
 
+    def _damaged(self, position, exc):
+        """LMDB's error reading a damaged database (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, ...) as ours."""
+        return DataError("%s: the LMDB database is damaged (at record %d): %s" % (self.path, position, exc))
+
     def _count(self):
-        return self.env.stat()["entries"]
+        import lmdb
+        try:
+            return self.env.stat()["entries"]
+        except lmdb.Error as exc:
+            raise self._damaged(0, exc) from None
 
     def _scan(self):
-        with self.env.begin(buffers=False) as txn:
-            yield from txn.cursor()
+        import lmdb
+        position = 0
+        try:
+            with self.env.begin(buffers=False) as txn:
+                for record in txn.cursor():
+                    yield record
+                    position += 1
+        except lmdb.Error as exc:
+            raise self._damaged(position, exc) from None
 
     def _cycle(self, start, shard, step, count):
         """Cursor steps over foreign records without copying their values."""
-        with self.env.begin(buffers=False) as txn:
-            cursor = txn.cursor()
-            position, wanted = 0, start
-            cursor.first()
-            while True:
-                while position < wanted:
-                    cursor.next()
-                    position += 1
-                if not cursor.key():
-                    raise DataError("%s: LMDB ended at record %d although it says it holds %d"
-                                    % (self.path, position, count))
-                yield cursor.key(), cursor.value()
-                wanted += step
-                if wanted >= count:
-                    cursor.first()
-                    position, wanted = 0, shard
+        import lmdb
+        position = 0
+        try:
+            with self.env.begin(buffers=False) as txn:
+                cursor = txn.cursor()
+                position, wanted = 0, start
+                cursor.first()
+                while True:
+                    while position < wanted:
+                        cursor.next()
+                        position += 1
+                    if not cursor.key():
+                        raise DataError("%s: LMDB ended at record %d although it says it holds %d"
+                                        % (self.path, position, count))
+                    yield cursor.key(), cursor.value()
+                    wanted += step
+                    if wanted >= count:
+                        cursor.first()
+                        position, wanted = 0, shard
+        except lmdb.Error as exc:
+            raise self._damaged(position, exc) from None
 
     def close(self):
         if self.env is not None:
@@ -235,29 +259,52 @@ class LevelDBSource(RecordSource):
         except plyvel.Error as exc:
             raise DataError("%s: cannot open LevelDB: %s" % (self.path, exc)) from None
 
+    def _damaged(self, position, exc):
+        """LevelDB's error reading a damaged database (plyvel.CorruptionError, IOError) as ours."""
+        return DataError("%s: the LevelDB database is damaged (at record %d): %s" % (self.path, position, exc))
+
     def _count(self):
-        return sum(1 for _ in self.db.iterator(include_value=False))
+        import plyvel
+        count = 0
+        try:
+            for _ in self.db.iterator(include_value=False):
+                count += 1
+        except plyvel.Error as exc:
+            raise self._damaged(count, exc) from None
+        return count
 
     def _scan(self):
-        yield from self.db.iterator()
+        import plyvel
+        position = 0
+        try:
+            for record in self.db.iterator():
+                yield record
+                position += 1
+        except plyvel.Error as exc:
+            raise self._damaged(position, exc) from None
 
     def _cycle(self, start, shard, step, count):
         """A raw iterator steps over foreign records without copying their values."""
-        it = self.db.raw_iterator()
-        position, wanted = 0, start
-        it.seek_to_first()
-        while True:
-            while position < wanted:
-                it.next()
-                position += 1
-            if not it.valid():
-                raise DataError("%s: LevelDB ended at record %d although it held %d"
-                                % (self.path, position, count))
-            yield it.key(), it.value()
-            wanted += step
-            if wanted >= count:
-                it.seek_to_first()
-                position, wanted = 0, shard
+        import plyvel
+        position = 0
+        try:
+            it = self.db.raw_iterator()
+            position, wanted = 0, start
+            it.seek_to_first()
+            while True:
+                while position < wanted:
+                    it.next()
+                    position += 1
+                if not it.valid():
+                    raise DataError("%s: LevelDB ended at record %d although it held %d"
+                                    % (self.path, position, count))
+                yield it.key(), it.value()
+                wanted += step
+                if wanted >= count:
+                    it.seek_to_first()
+                    position, wanted = 0, shard
+        except plyvel.Error as exc:
+            raise self._damaged(position, exc) from None
 
     def close(self):
         if self.db is not None:
@@ -284,8 +331,9 @@ class DatumFileSource(RecordSource):
     Index side-file `<path>.idx`, built on demand (first len() or cycle()) and rebuilt when stale: a 32-byte
     header struct "<8sQqQ" = (magic b"PCDIDX01", size of the datumfile in bytes, its st_mtime_ns, record count N),
     then N uint64 LE byte offsets of the records. It is stale when the datumfile's size or mtime_ns differ or its
-    length is not 32 + 8 N. Building it walks the record_size fields only. Where it cannot be written (read-only
-    directory) the offsets are kept in memory only.
+    length is not 32 + 8 N, and damaged when its offsets do not start at 0, grow by 12 bytes or more, and stay
+    inside the datumfile; either way it is rebuilt. Building it walks the record_size fields only. Where it cannot
+    be written (read-only directory) the offsets are kept in memory only.
     """
     kind = "datumfile"
     backend = DB.DATUMFILE
@@ -425,7 +473,12 @@ class DatumFileSource(RecordSource):
         if (magic != _INDEX_MAGIC or (size, mtime_ns) != (stat.st_size, stat.st_mtime_ns)
                 or len(data) != _INDEX_HEAD.size + 8 * count):
             return None
-        return np.frombuffer(data, dtype="<u8", offset=_INDEX_HEAD.size)
+        offsets = np.frombuffer(data, dtype="<u8", offset=_INDEX_HEAD.size)
+        # A damaged index with a fitting header: records start at 0, each at least 12 bytes after the one before,
+        # all inside the file. Otherwise it is rebuilt, as a stale one is.
+        if count and (offsets[0] != 0 or offsets[-1] >= size or (np.diff(offsets.astype(np.int64)) < 12).any()):
+            return None
+        return offsets
 
     def _build_index(self, file_size):
         """Walk the record_size fields; a record running past the end of the file is reported here."""

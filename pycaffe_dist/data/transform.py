@@ -30,6 +30,9 @@ class DataTransformer:
         self.mean_image = self.mean_values = None
         if param.HasField("mean_file"):
             mean = read_blob_file(param.mean_file)
+            if mean.size == 0:
+                raise DataError("%s: mean file %s holds no values (shape %s)"
+                                % (where, param.mean_file, "x".join(map(str, mean.shape))))
             # Caffe indexes the mean blob by (c, h, w) of one image: a blob of num > 1 gives its first image
             self.mean_image = mean.reshape((-1,) + mean.shape[-3:])[0] if mean.ndim > 3 else mean
         elif len(param.mean_value):

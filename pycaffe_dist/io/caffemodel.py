@@ -3,10 +3,12 @@ blobs) or a .caffemodel.h5 (Net::ToHDF5: data/<layer>/<blob index> for parameter
 diff/... for all with snapshot_diff, a group per layer). Loading is Caffe's CopyTrainedLayersFrom, by content
 (binary of any format version, upgraded on the fly, or HDF5), into the first layer of each name.
 
-An HDF5 parameter of the wrong shape is an error naming the file.
+An HDF5 parameter of the wrong shape is an error naming the file, checked before it is read; a damaged HDF5 file
+is a ModelFileError naming the file and the object (data/hdf5.py).
 """
 import os
 
+from ..data import hdf5
 from ..errors import ModelFileError
 from ..proto.binary import write_binary
 from .load import read_net_binary
@@ -20,6 +22,8 @@ def is_hdf5(path):
             return f.read(8) == HDF5_MAGIC
     except OSError as exc:
         raise ModelFileError("%s: cannot read: %s" % (path, exc.strerror)) from None
+    except ValueError as exc:      # a name with a NUL byte (a solver state's learned_net may hold one)
+        raise ModelFileError("%r: cannot read: %s" % (str(path), exc)) from None
 
 
 def write_model(net, path, hdf5=False, write_diff=False):
@@ -58,40 +62,35 @@ def load_weights(net, path):
 
 
 def _load_weights_hdf5(net, path):
-    import h5py
     index = {name: i for i, name in enumerate(net.layer_names)}
-    with h5py.File(path, "r") as f:
-        if "data" not in f:
+    with hdf5.open_file(path, ModelFileError) as f:
+        data = hdf5.get(f, "data", path, ModelFileError)
+        if data is None or not hdf5.is_group(data):
             raise ModelFileError("%s: is not a Caffe HDF5 model: it has no 'data' group" % path)
-        for name in _layer_groups(f["data"]):
+        for name in hdf5.layer_groups(data, path, ModelFileError):
             layer_id = index.get(name)
             if layer_id is None:
                 continue
-            group, target = f["data"][name], net.layers[layer_id].blobs
-            if len(group) > len(target):
+            group, target = hdf5.get(data, name, path, ModelFileError), net.layers[layer_id].blobs
+            with hdf5.reading(path, "layer '%s'" % name, ModelFileError):
+                count = len(group)
+            if count > len(target):
                 raise ModelFileError("%s: incompatible number of blobs for layer '%s': the file has %d, the net %d"
-                                     % (path, name, len(group), len(target)))
+                                     % (path, name, count, len(target)))
             for j, blob in enumerate(target):
-                if str(j) not in group:
+                dataset = hdf5.get(group, str(j), path, ModelFileError)
+                if dataset is None:
                     if net.param_owner[_net_param_id(net, layer_id, j)] >= 0:
                         continue    # shared in the net: its owner brings the values
                     raise ModelFileError("%s: incompatible number of blobs for layer '%s': blob %d is missing"
                                          % (path, name, j))
-                array = group[str(j)][()]
-                if tuple(array.shape) != blob.shape:
+                what = "layer '%s' blob %d" % (name, j)
+                if not hdf5.is_dataset(dataset):
+                    raise ModelFileError("%s: %s: is a group, expected a dataset" % (path, what))
+                with hdf5.reading(path, what, ModelFileError):
+                    shape = dataset.shape
+                # checked before reading: a damaged file may declare any shape
+                if shape != blob.shape:
                     raise ModelFileError("%s: cannot load blob %d of layer '%s': shape mismatch. Source shape is "
-                                         "%s; target shape is %s" % (path, j, name, array.shape, blob.shape))
-                blob.data[...] = array
-
-
-def _layer_groups(group, prefix=""):
-    """Names of the groups holding datasets (layer names, with '/' where h5py nested them)."""
-    import h5py
-    names = []
-    for key, item in group.items():
-        if isinstance(item, h5py.Group):
-            full = prefix + key
-            if not len(item) or any(isinstance(v, h5py.Dataset) for v in item.values()):
-                names.append(full)
-            names.extend(_layer_groups(item, full + "/"))
-    return names
+                                         "%s; target shape is %s" % (path, j, name, shape, blob.shape))
+                blob.data[...] = hdf5.read_array(dataset, path, what, ModelFileError)

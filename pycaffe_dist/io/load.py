@@ -26,7 +26,10 @@ def upgrade_net_with_notice(net, source):
     steps = describe_net_upgrade(net)
     if not steps:
         return net
-    ok, messages = upgrade.upgrade_net(net, source)
+    try:
+        ok, messages = upgrade.upgrade_net(net, source)
+    except UpgradeError as exc:
+        raise UpgradeError("%s: cannot be upgraded from %s: %s" % (source, ", ".join(steps), exc)) from None
     for line in messages:
         log.debug("%s", line)
     if not ok:
@@ -60,7 +63,10 @@ def read_solver(path):
     path = str(path)
     solver = read_text(path, caffe_pb2.SolverParameter())
     before = solver.SerializeToString()
-    ok, messages = upgrade.upgrade_solver(solver, source=path, nested_nets=True)
+    try:
+        ok, messages = upgrade.upgrade_solver(solver, source=path, nested_nets=True)
+    except UpgradeError as exc:
+        raise UpgradeError("%s: cannot be upgraded: %s" % (path, exc)) from None
     if not ok:
         raise UpgradeError("%s: could not be fully upgraded: %s" % (path, "; ".join(messages[-3:])))
     if solver.SerializeToString() != before:

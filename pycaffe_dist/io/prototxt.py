@@ -54,6 +54,8 @@ def read_text(path, message):
         raise PrototxtError("not a UTF-8 text file (byte %d); is it a binary proto?" % exc.start, str(path)) from None
     except OSError as exc:
         raise PrototxtError("cannot read: %s" % exc.strerror, str(path)) from None
+    except ValueError as exc:      # a name with a NUL byte
+        raise PrototxtError("cannot read: %s" % exc, repr(str(path))) from None
     return parse_text(text, message, str(path))
 
 

@@ -3,6 +3,8 @@ image loading, resizing and 10-crop oversampling.
 
 scipy (resize_image) and Pillow (load_image) are imported when first used, so `import pycaffe_dist` stays light.
 """
+import importlib.util
+
 import numpy as np
 
 from ..errors import DataError
@@ -23,6 +25,10 @@ def blobproto_to_array(blob, return_diff=False):
         values = np.array(blob.diff if return_diff else blob.data, dtype=np.float32)
     legacy = any(blob.HasField(f) for f in ("num", "channels", "height", "width"))
     shape = (blob.num, blob.channels, blob.height, blob.width) if legacy else tuple(blob.shape.dim)
+    needed = int(np.prod(shape, dtype=object))
+    if min(shape, default=0) < 0 or values.size != needed:
+        # pycaffe's reshape raises ValueError; a blob read from bytes that does not fit is bad data
+        raise DataError("blob holds %d values but its shape %s needs %d" % (values.size, shape, needed))
     return values.reshape(shape)
 
 
@@ -85,7 +91,7 @@ def datum_to_array(datum):
         values = np.frombuffer(datum.data, dtype=np.uint8).copy()
     else:
         values = np.array(datum.float_data, dtype=float)
-    if values.size != shape[0] * shape[1] * shape[2]:
+    if min(shape) < 0 or values.size != shape[0] * shape[1] * shape[2]:      # -1 x -2 x 3 is 6 too
         raise DataError("datum holds %d values, not channels x height x width = %s"
                         % (values.size, "x".join(map(str, shape))))
     return values.reshape(shape)
@@ -197,21 +203,21 @@ _GRAY_WEIGHTS = (0.2125, 0.7154, 0.0721)   # skimage's rgb2gray, which pycaffe's
 def load_image(filename, color=True):
     """An image file as float32 in [0, 1]: HxWx3 (RGB) when color, else HxWx1 (intensity); grayscale files are
     repeated to 3 channels when color is asked, an alpha channel is dropped. Needs Pillow."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise DataError("load_image needs Pillow (pip install Pillow) to read %s" % filename) from None
-    try:
-        with Image.open(filename) as im:
-            im.load()
+    if importlib.util.find_spec("PIL") is None:
+        raise DataError("load_image needs Pillow (pip install Pillow) to read %s" % filename)
+    from ..data.images import DECODE_ERRORS, open_image
+    filename = str(filename)
+    # open_image bounds the size and turns Pillow's errors into DataError (data/images.py)
+    with open_image(filename, filename, 3 if color else 1) as im:
+        try:
             if im.mode in ("1", "L", "I;16", "F"):
                 scale = {"1": 1, "L": 255, "I;16": 65535, "F": 1}[im.mode]
                 img = np.asarray(im, dtype=np.float32) / scale
             else:
                 has_alpha = "A" in im.getbands() or "transparency" in im.info
                 img = np.asarray(im.convert("RGBA" if has_alpha else "RGB"), dtype=np.float32)[:, :, :3] / 255
-    except OSError as exc:
-        raise DataError("%s: cannot read image: %s" % (filename, exc)) from None
+        except DECODE_ERRORS as exc:
+            raise DataError("%s: cannot read image: %s" % (filename, exc)) from None
     if img.ndim == 3 and not color:
         img = img @ np.asarray(_GRAY_WEIGHTS, dtype=np.float32)
     if img.ndim == 2:

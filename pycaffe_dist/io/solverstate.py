@@ -3,13 +3,15 @@ history blobs) or a .solverstate.h5 (SGDSolver::SnapshotSolverStateToHDF5: iter 
 datasets, the string learned_net and history/<i>).
 
 Loading is stricter than Caffe in one way: a history blob of the wrong shape is an error naming the file (Caffe
-reshapes binary history blobs silently).
+reshapes binary history blobs silently). A damaged HDF5 state is a ModelFileError naming the file and the object
+(data/hdf5.py).
 """
 import os
 
 import numpy as np
 
 from ..blob.blob import Blob
+from ..data import hdf5
 from ..errors import ModelFileError, NetError, SolverError
 from ..proto import caffe_pb2
 from ..proto.binary import read_binary, write_binary
@@ -65,33 +67,37 @@ def read_state(path):
 
 
 def _read_state_hdf5(path):
-    import h5py
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise ModelFileError("%s: cannot open as HDF5: %s" % (path, exc)) from None
-    with f:
+    E = ModelFileError
+    with hdf5.open_file(path, E) as f:
+        found = {key: hdf5.get(f, key, path, E) for key in ("iter", "current_step", "history", "learned_net")}
         for key in ("iter", "current_step", "history"):
-            if key not in f:
-                raise ModelFileError("%s: is not a Caffe HDF5 solver state: it has no '%s'" % (path, key))
-        learned = f["learned_net"][()] if "learned_net" in f else None
-        if isinstance(learned, bytes):
-            learned = learned.rstrip(b"\0").decode()
-        count = len(f["history"])
-        missing = [str(i) for i in range(count) if str(i) not in f["history"]]
-        if missing:
-            raise ModelFileError("%s: history datasets must be named 0..%d; %s is missing"
-                                 % (path, count - 1, missing[0]))
-        history = [np.asarray(f["history"][str(i)][()], dtype=np.float32) for i in range(count)]
-        return {"iter": _hdf5_int(path, f, "iter"), "learned_net": learned,
-                "current_step": _hdf5_int(path, f, "current_step"), "history": history}
+            if found[key] is None:
+                raise E("%s: is not a Caffe HDF5 solver state: it has no '%s'" % (path, key))
+        learned = found["learned_net"]
+        if learned is not None:
+            learned = hdf5.read_string(learned, path, "'learned_net'", E)
+        group = found["history"]
+        if not hdf5.is_group(group):
+            raise E("%s: 'history' is a dataset, expected a group" % path)
+        with hdf5.reading(path, "'history'", E):
+            count = len(group)
+        history = []
+        for i in range(count):
+            dataset = hdf5.get(group, str(i), path, E)
+            if dataset is None:
+                raise E("%s: history datasets must be named 0..%d; %d is missing" % (path, count - 1, i))
+            history.append(hdf5.read_array(dataset, path, "history/%d" % i, E, np.float32))
+        return {"iter": _hdf5_int(path, found["iter"], "iter"), "learned_net": learned,
+                "current_step": _hdf5_int(path, found["current_step"], "current_step"), "history": history}
 
 
-def _hdf5_int(path, f, key):
+def _hdf5_int(path, dataset, key):
     """Caffe's hdf5_load_int: one integer, stored as a (1,) dataset (or, by our older snapshots, a scalar)."""
-    values = np.asarray(f[key][()]).reshape(-1)
+    values = hdf5.read_array(dataset, path, "'%s'" % key, ModelFileError).reshape(-1)
     if values.size != 1:
         raise ModelFileError("%s: '%s' must hold one integer, got %d values" % (path, key, values.size))
+    if values.dtype.kind == "f" and not float(values[0]).is_integer():
+        raise ModelFileError("%s: '%s' must hold an integer, got %r" % (path, key, float(values[0])))
     return int(values[0])
 
 

@@ -276,7 +276,11 @@ def upgrade_v1_net(v1_net, out, log=None):
     del out.layers[:]
     del out.layer[:]
     for i, v1_layer in enumerate(v1_net.layers):
-        if not upgrade_v1_layer_parameter(v1_layer, out.layer.add(), log):
+        try:
+            layer_ok = upgrade_v1_layer_parameter(v1_layer, out.layer.add(), log)
+        except UpgradeError as exc:
+            raise UpgradeError("layers[%d]: %s" % (i, exc)) from None     # the index: names may be empty
+        if not layer_ok:
             _log(log, "Upgrade of input layer %d failed." % i)
             ok = False
     return ok
@@ -292,6 +296,7 @@ _V1_COPIED_PARAMS = (
     "loss_param",
 )
 _V1_TYPE_FIELD = V1.DESCRIPTOR.fields_by_name["type"].number
+_WIRETYPE_VARINT = 0    # protobuf's wire type of int and enum fields
 
 
 def upgrade_v1_layer_parameter(v1_layer, out, log=None):
@@ -313,6 +318,11 @@ def upgrade_v1_layer_parameter(v1_layer, out, log=None):
             # Caffe would drop it silently, which UpgradeV1LayerType would have refused (LOG(FATAL)).
             for field in UnknownFieldSet(v1_layer):
                 if field.field_number == _V1_TYPE_FIELD:
+                    # a varint holds an enum number; any other wire type is a field of the wrong kind, which
+                    # protobuf also sets aside here instead of refusing the file
+                    if field.wire_type != _WIRETYPE_VARINT:
+                        raise UpgradeError("field 'type' (%d) has wire type %d, not a varint enum; corrupt file?"
+                                           % (_V1_TYPE_FIELD, field.wire_type))
                     upgrade_v1_layer_type(field.data)
     except UpgradeError as exc:
         raise UpgradeError("layer %r: %s" % (_name(v1_layer), exc)) from None

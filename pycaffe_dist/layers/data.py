@@ -310,8 +310,16 @@ class HDF5DataLayer(_SourceLayer):
         self.check(p.batch_size > 0, "hdf5_data_param.batch_size must be positive")
         self.check(not self.param.HasField("transform_param"), "HDF5Data does not transform data.")
         listing = self.source_path(p.source)
-        with open(listing) as f:
-            self.files = f.read().split()     # Caffe reads the list with `>>`: names split at any whitespace
+        try:
+            with open(listing, "rb") as f:
+                text = f.read().decode("utf-8")
+        except OSError as exc:
+            raise DataError("%s: cannot read the HDF5 file list %s: %s" % (self.where(), listing, exc.strerror)) \
+                from None
+        except UnicodeDecodeError as exc:
+            raise DataError("%s: the HDF5 file list %s is not UTF-8 text (byte %d)"
+                            % (self.where(), listing, exc.start)) from None
+        self.files = text.split()     # Caffe reads the list with `>>`: names split at any whitespace
         if not self.files:
             raise DataError("%s: the HDF5 file list %s is empty" % (self.where(), listing))
         self.shapes = None         # (batch_size, *row shape) per top, from the first file loaded
@@ -323,14 +331,22 @@ class HDF5DataLayer(_SourceLayer):
         self.load_file(self.file_order[0])
 
     def load_file(self, index):
-        import h5py
+        from ..data import hdf5
         path = self.files[index]
         try:
-            with h5py.File(path, "r") as h5:
-                self.arrays = [np.asarray(h5[name], dtype=np.float32) for name in self.param.top]
-        except (OSError, KeyError) as exc:
-            raise DataError("%s: cannot read datasets %s from %s: %s"
-                            % (self.where(), ", ".join(self.param.top), path, exc)) from None
+            with hdf5.open_file(path) as h5:
+                datasets = [(name, hdf5.get(h5, name, path)) for name in self.param.top]
+                missing = [name for name, dataset in datasets if dataset is None]
+                if missing:
+                    raise DataError("cannot read datasets %s from %s: it has no dataset '%s'"
+                                    % (", ".join(self.param.top), path, missing[0]))
+                self.arrays = [hdf5.read_array(dataset, path, "dataset '%s'" % name, dtype=np.float32)
+                               for name, dataset in datasets]
+        except DataError as exc:
+            raise DataError("%s: %s" % (self.where(), exc)) from None
+        scalars = [name for name, array in zip(self.param.top, self.arrays) if array.ndim == 0]
+        if scalars:     # Caffe's hdf5_load_nd_dataset: at least one axis, the rows
+            raise DataError("%s: %s: dataset '%s' is a scalar; expected rows" % (self.where(), path, scalars[0]))
         rows = {len(a) for a in self.arrays}
         if len(rows) != 1 or 0 in rows:
             raise DataError("%s: %s: the datasets %s must have the same, non-zero number of rows, got %s"
@@ -395,7 +411,7 @@ class HDF5OutputLayer(Layer):
         self.check(bool(path), "hdf5_output_param.file_name must be set")
         try:
             h5py.File(path, "w").close()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:      # ValueError: a name with a NUL byte
             raise DataError("layer '%s' (HDF5Output): cannot create %s: %s" % (self.name, path, exc)) from None
 
     def reshape(self, bottom, top):

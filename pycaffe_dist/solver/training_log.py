@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from ..errors import DataError
+
 
 def caffe_number(x):
     """A number as Caffe's log lines print it: C++'s ostream on a float (6 significant digits)."""
@@ -152,21 +154,28 @@ _TEST_NET = re.compile(r"Iteration (\d+), Testing net \(#(\d+)\)")
 
 def parse_log(path):
     """Read a Caffe-format training log. Returns a dict: train (list of (iteration, seconds or None, loss)),
-    lr (list of (iteration, seconds, lr)), test (list of (iteration, seconds, net id, output name, value))."""
+    lr (list of (iteration, seconds, lr)), test (list of (iteration, seconds, net id, output name, value)).
+    A line whose time stamp is no date or whose value is no number is a DataError naming it."""
     train, rates, tests = [], [], []
     start = previous = None
     year = 2000
     iteration, net_id = 0, 0
-    with open(path, errors="replace") as f:
-        for line in f:
+    try:
+        f = open(path, errors="replace")
+    except FileNotFoundError:
+        raise DataError("%s: no such log file" % path) from None
+    except (OSError, ValueError) as exc:        # ValueError: a name with a NUL byte
+        raise DataError("%r: cannot read the log: %s" % (str(path), exc)) from None
+    with f:
+        for number, line in enumerate(f, 1):
+            where = "%s:%d" % (path, number)
             seconds = None
             m = _PREFIX.match(line)
             if m:
-                month, day, hour, minute, sec, frac = (int(g) for g in m.groups())
-                stamp = datetime.datetime(year, month, day, hour, minute, sec, int(str(frac)[:6].ljust(6, "0")))
+                stamp = _stamp(m, year, where)
                 if previous is not None and stamp < previous - datetime.timedelta(days=1):
                     year += 1    # the log ran over new year's eve: glog's prefix has no year
-                    stamp = stamp.replace(year=year)
+                    stamp = _stamp(m, year, where)
                 previous = stamp
                 if start is None:
                     start = stamp
@@ -180,16 +189,32 @@ def parse_log(path):
                 net_id = int(m.group(2))
             m = _TRAIN_LOSS.search(line)
             if m:
-                train.append((int(m.group(1)), seconds, float(m.group(2))))
+                train.append((int(m.group(1)), seconds, _number(m.group(2), where)))
                 continue
             m = _LR.search(line)
             if m:
-                rates.append((int(m.group(1)), seconds, float(m.group(2))))
+                rates.append((int(m.group(1)), seconds, _number(m.group(2), where)))
                 continue
             m = _TEST_OUTPUT.search(line)
             if m:
-                tests.append((iteration, seconds, net_id, m.group(2), float(m.group(3))))
+                tests.append((iteration, seconds, net_id, m.group(2), _number(m.group(3), where)))
     return {"train": train, "lr": rates, "test": tests}
+
+
+def _stamp(m, year, where):
+    """glog's prefix as a datetime of `year` (microseconds from the digits as written: ".004636" is 4636)."""
+    month, day, hour, minute, sec = (int(g) for g in m.groups()[:5])
+    try:
+        return datetime.datetime(year, month, day, hour, minute, sec, int(m.group(6)[:6].ljust(6, "0")))
+    except ValueError as exc:
+        raise DataError("%s: the time stamp %r is no date: %s" % (where, m.group(0).strip(), exc)) from None
+
+
+def _number(text, where):
+    try:
+        return float(text)
+    except ValueError:
+        raise DataError("%s: %r is not a number" % (where, text)) from None
 
 
 def plot_log(parsed, out, title=None):

@@ -24,3 +24,12 @@ def test_a_blob_whose_values_do_not_fill_its_shape_names_the_file(tmp_path):
     write_binary(tmp_path / "short.binaryproto", proto)
     with pytest.raises(ModelFileError, match=r"short.binaryproto: .*holds 5 values but its shape \(2, 3\) needs 6"):
         read_blob_file(tmp_path / "short.binaryproto")
+
+
+def test_a_blob_beyond_int_max_names_the_file(tmp_path):
+    """(0, 2^40, 2^40) holds nothing, yet numpy cannot describe it: ValueError (found by tests/fuzz)."""
+    for dims in ([0, 2 ** 40, 2 ** 40], [2 ** 16, 2 ** 16]):
+        (tmp_path / "h.binaryproto").write_bytes(caffe_pb2.BlobProto(shape=caffe_pb2.BlobShape(dim=dims))
+                                                 .SerializeToString())
+        with pytest.raises(ModelFileError, match=r"h.binaryproto: blob shape .*: blob size exceeds INT_MAX"):
+            read_blob_file(tmp_path / "h.binaryproto")

@@ -157,3 +157,27 @@ def test_records_of_different_sizes_are_cropped_one_by_one(tmp_path):
                                                              (shape[2] - 3) // 2:(shape[2] - 3) // 2 + 3]
               for d, shape in ((small, (3, 4, 5)), (large, (3, 6, 7)))]
     np.testing.assert_array_equal(data, np.stack(centre).astype(np.float32))
+
+
+# A 8x8 RGB PNG whose second IDAT chunk has a damaged type: Pillow's load() raised SyntaxError "broken PNG file"
+BROKEN_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000080000000808020000004b6d29dc0000000a49444154789c6360606462666165c421d9"
+    "750000001a4944005463e7e0e4e2e6e1e5e3171014121611151367185a12003b8508a1defd16dd0000000049454e44ae426082")
+
+
+def test_records_of_other_channels_are_refused_even_with_a_crop(tmp_path):
+    """np.concatenate raised ValueError (found by tests/fuzz); Caffe's DataTransformer CHECKs the channels."""
+    rng = np.random.default_rng(7)
+    with pytest.raises(DataError, match=r"layer 'data': record b'00000001' has shape 1x6x7 but the batch started "
+                       r"with 3x4x5; all records need the same number of channels"):
+        batches_from(tmp_path, [raw_datum(rng, shape=(3, 4, 5)), raw_datum(rng, shape=(1, 6, 7))], 2,
+                     crop_size=3)()
+
+
+def test_a_corrupt_png_in_a_datumfile_record_names_the_record(tmp_path):
+    rng = np.random.default_rng(6)
+    encoded = caffe_pb2.Datum(data=BROKEN_PNG, encoded=True, label=1)
+    with pytest.raises(DataError, match=r"layer 'data': record b'00000001': cannot decode the image: broken PNG file"):
+        batches_from(tmp_path, [raw_datum(rng), encoded], 2)()
+    with pytest.raises(DataError, match=r"record b'00000000': cannot decode the image: broken PNG file"):
+        batches_from(tmp_path, [encoded, encoded], 2)()

@@ -137,6 +137,13 @@ def test_bad_list_lines_name_the_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_list_that_is_not_utf8_names_the_line(tmp_path):
+    """Read as text: UnicodeDecodeError (found by tests/fuzz)."""
+    (tmp_path / "list.txt").write_bytes(b"a.png 1\nb\x80.png 2\n")
+    with pytest.raises(DataError, match=r"list.txt:2: not UTF-8 text \(byte 0x80\)"):
+        convert.read_image_list(tmp_path / "list.txt")
+
+
 def test_convert_db_between_all_backends(golden_idx, tmp_path):
     expected = list(open_records(CASE / "train_lmdb", "lmdb"))
     log = io.StringIO()
@@ -194,3 +201,9 @@ def test_progress_bar_on_a_tty_and_summary_otherwise(monkeypatch):
     progress.step(4)
     progress.close()
     assert "\r" not in plain.getvalue() and plain.getvalue().startswith("job: 4 records in ")
+
+
+def test_an_image_list_name_with_a_nul_byte():
+    """From a prototxt string (image_data_param.source): open() raised ValueError."""
+    with pytest.raises(DataError, match=r"'l\\x00': cannot read the image list: embedded null byte"):
+        convert.read_image_list("l\0")

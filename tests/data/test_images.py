@@ -1,10 +1,14 @@
 """Images as Caffe's OpenCV path gives them: uint8 (C, H, W), BGR; Datum pixels."""
 import io
+import struct
+import warnings
+import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from pycaffe_dist.data import images
 from pycaffe_dist.data.images import datum_array, decode_image, encode_image, load_image
 from pycaffe_dist.errors import DataError
 from pycaffe_dist.proto import caffe_pb2
@@ -96,3 +100,90 @@ def test_datum_array():
         datum_array(caffe_pb2.Datum(channels=2, height=3, width=4, data=bytes(23)), "db: record b'7'")
     with pytest.raises(DataError, match=r"r: Datum float_data holds 3 values but .* = 4"):
         datum_array(caffe_pb2.Datum(channels=1, height=2, width=2, float_data=[1, 2, 3]), "r")
+    for dims in ((-1, 2, 3), (-1, -2, 3), (2, -3, -1), (0, 1, 1)):
+        # -1 x -2 x 3 = 6 bytes fits the data: numpy's reshape raised ValueError
+        bad = caffe_pb2.Datum(channels=dims[0], height=dims[1], width=dims[2], data=bytes(abs(np.prod(dims))))
+        with pytest.raises(DataError, match=r"r: Datum of channels x height x width = %d x %d x %d; expected "
+                           r"channels >= 1" % dims):
+            datum_array(bad, "r")
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_declaring(width, height, colour_type, idat):
+    """A PNG whose header declares width x height (8 bits, colour type 0 grey or 2 RGB) over the given IDAT data."""
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0))
+            + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b""))
+
+
+def test_a_78_byte_png_of_20000_x_20000_is_refused_before_decoding():
+    bomb = png_declaring(20000, 20000, 2, zlib.compress(bytes(range(13))))
+    assert len(bomb) == 78
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # nor may Pillow's DecompressionBombWarning escape
+        for is_color in (True, False, None):  # Pillow raised DecompressionBombError
+            with pytest.raises(DataError, match=r"rec 3: the image is larger than 67108864 values"):
+                decode_image(bomb, is_color, "rec 3")
+
+
+def test_an_87_kb_png_of_10000_x_9000_is_refused_before_decoding(tmp_path):
+    """It decoded with only Pillow's warning, into 257 MB at the peak."""
+    compressor = zlib.compressobj(9)
+    row = bytes(1 + 10000)                    # filter byte + 10000 grey pixels
+    idat = b"".join(compressor.compress(row) for _ in range(9000)) + compressor.flush()
+    png = png_declaring(10000, 9000, 0, idat)
+    assert 80000 < len(png) < 90000
+    (tmp_path / "big.png").write_bytes(png)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match=r"big.png: the image is 10000 x 9000 x 1 channel\(s\), more than "
+                           r"67108864 values \(MAX_IMAGE_VALUES"):
+            load_image(tmp_path / "big.png", False)
+        with pytest.raises(DataError, match=r"the image is 10000 x 9000 x 3 channel\(s\)"):
+            decode_image(png, True, "x")
+
+
+def test_the_image_bound_is_checked_from_the_header(monkeypatch):
+    """width x height x channels: the larger of the stored bands and the channels returned."""
+    rgb = png(np.zeros((4, 5, 3), np.uint8))
+    monkeypatch.setattr(images, "MAX_IMAGE_VALUES", 60)
+    assert decode_image(rgb, True, "x").shape == (3, 4, 5)
+    monkeypatch.setattr(images, "MAX_IMAGE_VALUES", 59)
+    with pytest.raises(DataError, match=r"x: the image is 5 x 4 x 3 channel\(s\), more than 59 values"):
+        decode_image(rgb, False, "x")
+    grey = png(np.zeros((4, 5), np.uint8))
+    assert decode_image(grey, False, "x").shape == (1, 4, 5)
+    with pytest.raises(DataError, match=r"5 x 4 x 3 channel"):
+        decode_image(grey, True, "x")                          # made into three channels
+    monkeypatch.setenv("PCD_MAX_IMAGE_VALUES", "60")
+    assert decode_image(grey, True, "x").shape == (3, 4, 5)
+    monkeypatch.setenv("PCD_MAX_IMAGE_VALUES", "lots")
+    with pytest.raises(DataError, match=r"PCD_MAX_IMAGE_VALUES='lots' is not an integer"):
+        decode_image(grey, True, "x")
+
+
+def test_formats_opencv_does_not_read_are_refused():
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(out, format="TGA")
+    with pytest.raises(DataError, match=r"t: cannot decode the image: not an image in a format Caffe reads"):
+        decode_image(out.getvalue(), True, "t")
+
+
+def test_a_damaged_chunk_length_is_not_read_at_once(tmp_path):
+    """Pillow reads what is left of a PNG chunk by its declared length, and a buffered file read allocates the
+    length first: 2 GiB for 4 damaged bytes (MemoryError under a memory limit, found by tests/fuzz)."""
+    import tracemalloc
+    data = bytearray(png(np.zeros((4, 4, 3), np.uint8)))
+    idat = data.index(b"IDAT") - 4
+    data[idat:idat + 4] = struct.pack(">I", 2 ** 31 - 1)
+    (tmp_path / "long.png").write_bytes(bytes(data))
+    tracemalloc.start()
+    try:
+        load_image(tmp_path / "long.png", True)
+    except DataError:
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 24

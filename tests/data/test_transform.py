@@ -118,3 +118,12 @@ def test_mean_file_of_several_images_uses_the_first(batch, tmp_path):
     write_blob_file(tmp_path / "mean.binaryproto", mean)
     got = DataTransformer(param(mean_file=str(tmp_path / "mean.binaryproto")), TEST).transform(batch[:1])
     np.testing.assert_array_equal(got[0], caffe_transform(batch[0], 0, 0, 0, False, mean_file=mean[0]))
+
+
+def test_a_mean_file_without_values_is_refused(tmp_path):
+    """num 0: indexing its first image raised IndexError, a reshape ValueError (found by tests/fuzz)."""
+    for shape in ((0, 3, 4, 5), (2, 2, 0)):
+        write_blob_file(tmp_path / "mean.binaryproto", np.zeros(shape, np.float32))
+        with pytest.raises(DataError, match=r"mean file .*mean.binaryproto holds no values \(shape %s\)"
+                           % "x".join(map(str, shape))):
+            DataTransformer(param(mean_file=str(tmp_path / "mean.binaryproto")), TEST)

@@ -120,6 +120,15 @@ def test_blobproto_legacy_4d_shape_and_double_data():
     assert caffe.io.blobproto_to_array(blob, return_diff=True).tolist() == [1e300, 2]
 
 
+def test_a_blobproto_whose_values_do_not_fill_its_shape():
+    """pycaffe's reshape raised ValueError on bytes read from a file (found by tests/fuzz)."""
+    with pytest.raises(DataError, match=r"blob holds 3 values but its shape \(2, 2\) needs 4"):
+        caffe.io.blobproto_to_array(caffe_pb2.BlobProto(shape=dict(dim=[2, 2]), data=[1, 2, 3]))
+    data = caffe_pb2.BlobProtoVector(blobs=[caffe_pb2.BlobProto(num=1, channels=-1, height=1, width=1)])
+    with pytest.raises(DataError, match=r"blob holds 0 values but its shape \(1, -1, 1, 1\) needs -1"):
+        caffe.io.blobprotovector_str_to_arraylist(data.SerializeToString())
+
+
 def test_blobprotovector_round_trip():
     arrays = [np.ones((1, 2)), np.arange(6.0).reshape(1, 2, 3), np.array(5.0)]
     data = caffe.io.arraylist_to_blobprotovector_str(arrays)
@@ -162,6 +171,8 @@ def test_datum_errors():
         caffe.io.datum_to_array(caffe_pb2.Datum(channels=1, height=2, width=2, data=b"abc"))
     with pytest.raises(DataError, match="encoded"):
         caffe.io.datum_to_array(caffe_pb2.Datum(channels=3, height=2, width=2, data=b"\xff\xd8", encoded=True))
+    with pytest.raises(DataError, match="holds 6 values, not channels x height x width = -1x-2x3"):
+        caffe.io.datum_to_array(caffe_pb2.Datum(channels=-1, height=-2, width=3, data=bytes(6)))   # reshape failed
 
 
 # --- oversample ----------------------------------------------------------------------------------------------
@@ -246,5 +257,5 @@ def test_load_image_with_pillow(tmp_path):
     to_gray = caffe.io.load_image(str(tmp_path / "rgba.png"), color=False)
     np.testing.assert_allclose(to_gray[0, :, 0], [0.2125 + 0.0721 * 0.2, 0.7154 + 0.0721 * 0.4], atol=1e-6)
     (tmp_path / "bad.png").write_bytes(b"not an image")
-    with pytest.raises(DataError, match="cannot read image"):
+    with pytest.raises(DataError, match="bad.png: cannot decode the image"):
         caffe.io.load_image(str(tmp_path / "bad.png"))

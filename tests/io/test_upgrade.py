@@ -9,6 +9,7 @@ import pytest
 
 from pycaffe_dist.errors import PrototxtError, UpgradeError
 from pycaffe_dist.io import upgrade
+from pycaffe_dist.io.load import read_net_binary
 from pycaffe_dist.io.prototxt import parse_text, read_text, to_text
 from pycaffe_dist.proto import caffe_pb2
 from tests.conftest import GOLDEN, ZOO
@@ -214,6 +215,15 @@ def test_unknown_v1_enum_from_binary():
     with pytest.raises(UpgradeError, match="99"):
         upgrade.upgrade_v1_layer_type(99)
     assert upgrade.upgrade_v1_layer_type(39) == "Deconvolution"
+
+
+def test_a_v1_type_of_the_wrong_wire_type_is_refused(tmp_path):
+    """type as a length-delimited field, which protobuf sets aside as unknown: formatting its bytes as an enum
+    number raised TypeError."""
+    (tmp_path / "v1.caffemodel").write_bytes(bytes.fromhex("0a054c654e6574120a2205636f6e76312a0104"))
+    with pytest.raises(UpgradeError, match=r"v1.caffemodel: cannot be upgraded from V1 layers: layers\[0\]: layer "
+                       r"'conv1': field 'type' \(5\) has wire type 2, not a varint enum"):
+        read_net_binary(tmp_path / "v1.caffemodel")
 
 
 def test_solver_type_and_type_refused():

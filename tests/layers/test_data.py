@@ -245,6 +245,27 @@ def test_hdf5_data_bad_lists_name_the_file(tmp_path):
         net_from_text(text % (tmp_path / "list.txt"))
 
 
+def test_hdf5_data_damaged_sources_name_the_layer_and_the_file(tmp_path):
+    import h5py
+    text = """layer { name: "h" type: "HDF5Data" top: "data" top: "label"
+        hdf5_data_param { source: "%s" batch_size: 2 } }"""
+    (tmp_path / "binary.txt").write_bytes(b"\x89HDF\xff\n")           # read as text: UnicodeDecodeError
+    with pytest.raises(DataError, match=r"layer 'h' \(HDF5Data\): the HDF5 file list .*binary.txt is not UTF-8"):
+        net_from_text(text % (tmp_path / "binary.txt"))
+    (tmp_path / "list.txt").write_text("%s\n" % (tmp_path / "f.h5"))
+    (tmp_path / "f.h5").write_bytes(bytes.fromhex("894844460d0a1a0a2000"))
+    with pytest.raises(DataError, match=r"layer 'h' \(HDF5Data\): .*f.h5: is not a readable HDF5 file"):
+        net_from_text(text % (tmp_path / "list.txt"))
+    with h5py.File(tmp_path / "f.h5", "w") as h5:
+        h5["data"], h5["label"] = np.zeros((3, 2), np.float32), np.float32(1)   # len() of a scalar: TypeError
+    with pytest.raises(DataError, match=r"layer 'h' \(HDF5Data\): .*f.h5: dataset 'label' is a scalar"):
+        net_from_text(text % (tmp_path / "list.txt"))
+    with h5py.File(tmp_path / "f.h5", "w") as h5:
+        h5["data"], h5["label"] = np.zeros((3, 2), np.float32), np.array([b"a", b"b", b"c"])
+    with pytest.raises(DataError, match=r"layer 'h' \(HDF5Data\): .*f.h5: dataset 'label': has datatype"):
+        net_from_text(text % (tmp_path / "list.txt"))
+
+
 def test_hdf5_data_train_shard_keeps_every_nth_row(tmp_path):
     import h5py
     with h5py.File(tmp_path / "f.h5", "w") as h5:
