@@ -147,7 +147,6 @@ class Master:
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
         self.slots = {}                         # worker -> the data slot it was last given
         self.cpu_at_start = None
-        self.last_round = {}                    # worker -> its highest round seen (its rounds count up from 0)
         self.started_at = self.display_at = time.monotonic()
         self.test_results, self.snapshots = [], []
         if settings.resume or settings.snapshot:
@@ -238,7 +237,7 @@ class Master:
 
     def staleness(self, message):
         """Merges W took since the weights the result of `message` started from ('base', a merge count), its own
-        merge included: 1 for a result computed on the latest W."""
+        merge included: 1 for a result computed on the latest W. Summed for the mean the summary reports."""
         stale = max(1, self.count - int(message.get("base", self.count)) + 1)
         self.staleness_sum += stale
         return stale
@@ -425,7 +424,6 @@ class Master:
             info["address"] = str(message["address"])[:100]
         self.pending[worker] = Member(worker, slot, info)
         self.store.add_member(worker, info)
-        self.last_round.pop(worker, None)       # a worker joining (again) counts its rounds from 0
         self.last_reply[worker] = {"status": "slot", "slot": slot, "shards": self.workers_wanted, "epoch": self.epoch}
         self.store.reply_to(worker, self.last_reply[worker])
         log.info("Worker %s joined from %s%s (pid %s): data shard %d of %d", worker, info["host"],
@@ -458,11 +456,10 @@ class Master:
         if int(message.get("epoch", -1)) != self.epoch:
             return
         round_id = int(message.get("round", -1))
-        if round_id <= self.last_round.get(worker, -1):
-            self._answer_again(worker, round_id)    # sent again: its reply was lost
+        if member.last_round is not None and round_id <= member.last_round:
+            self._answer_again(worker, round_id)    # sent again (its reply was lost): a worker's rounds count up
             return
-        self.last_round[worker] = round_id
-        member.last_round = message.get("round")
+        member.last_round = round_id
         member.images += int(message.get("images", 0))
         member.rounds += 1
         member.compute_s += float(message.get("compute_s", 0.0))
@@ -470,9 +467,7 @@ class Master:
         try:
             self.rule.on_result(worker, message)
         except ResultLost:
-            # Its blobs went with a Redis restarted empty: the worker starts again from W.
-            self.replies.append((worker, {"status": "reset", "iter": self.count, "epoch": self.epoch,
-                                          "workers": len(self.members), "round": member.last_round}))
+            self.reply(worker, "reset")         # its blobs went with a Redis restarted empty: it starts from W
         finally:
             for arrays in self.in_use:
                 self.reader.release(arrays)

@@ -1,15 +1,41 @@
 """Faults and neighbours: a master killed and resumed, a worker joining a running job, two jobs on one Redis,
 wrong passwords and unreachable servers, Redis killed, paused and restarted empty, lost replies."""
+import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
+from pycaffe_dist.distributed.launch import LocalRedis
+from pycaffe_dist.distributed.store import Store, connect
+
 from .conftest import accuracies, keys_of, wait_for_merges
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+@pytest.fixture
+def own_redis(procs, monkeypatch):
+    """A redis-server of the test's own (to kill, pause or restart), which `procs` and the test's stores use."""
+    server = LocalRedis()
+    procs.env["PCD_REDIS_PASSWORD"] = server.password
+    procs.url = server.url
+    monkeypatch.setenv("PCD_REDIS_PASSWORD", server.password)
+    yield server
+    server.stop()
+
+
+def worker_rounds(procs, workers=(0, 1)):
+    """The rounds each worker says it ran, once it has exited cleanly."""
+    rounds = []
+    for index in workers:
+        procs.check("worker%d" % index, 60)
+        rounds.append(int(re.search(r"worker %d: (\d+) rounds" % index, procs.log("worker%d" % index)).group(1)))
+    return rounds
 
 
 def test_master_killed_and_resumed_continues_from_redis(procs, make_solver, store_for):
@@ -92,68 +118,42 @@ def test_an_unreachable_redis_is_retried_then_a_clear_error(env):
     assert "gave up after 1 s of retries" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_redis_killed_mid_run_gives_clear_errors_and_keeps_the_weights(procs, make_solver, monkeypatch, tmp_path):
-    from pycaffe_dist.distributed.launch import LocalRedis
-    from pycaffe_dist.distributed.store import Store
-    server = LocalRedis()
-    try:
-        procs.env["PCD_REDIS_PASSWORD"] = server.password
-        procs.url = server.url
-        procs.master("doomed", make_solver(max_iter=10 ** 6), "async", 1, "--redis-retry", 2)
-        procs.worker("doomed", 0, "--redis-retry", 2)
-        monkeypatch.setenv("PCD_REDIS_PASSWORD", server.password)
-        from .conftest import wait_for_merges
-        wait_for_merges(Store(server.url, "doomed"), 50)
-        server.process.kill()
-        for name in ("master", "worker0"):
-            assert procs.wait(name, 60) == 1
-            log = procs.log(name)
-            assert "is unreachable" in log and "gave up after 2 s of retries" in log and "Traceback" not in log
-        assert "the weights at merge" in procs.log("master")
-        assert list(tmp_path.glob("snap_iter_*.solverstate"))
-    finally:
-        server.stop()
+def test_redis_killed_mid_run_gives_clear_errors_and_keeps_the_weights(procs, own_redis, make_solver, tmp_path):
+    procs.master("doomed", make_solver(max_iter=10 ** 6), "async", 1, "--redis-retry", 2)
+    procs.worker("doomed", 0, "--redis-retry", 2)
+    wait_for_merges(Store(own_redis.url, "doomed"), 50)
+    own_redis.process.kill()
+    for name in ("master", "worker0"):
+        assert procs.wait(name, 60) == 1
+        log = procs.log(name)
+        assert "is unreachable" in log and "gave up after 2 s of retries" in log and "Traceback" not in log
+    assert "the weights at merge" in procs.log("master")
+    assert list(tmp_path.glob("snap_iter_*.solverstate"))
 
 
-def test_a_redis_paused_20_s_loses_no_worker(procs, make_solver, monkeypatch):
+def test_a_redis_paused_20_s_loses_no_worker(procs, own_redis, make_solver):
     """Redis stopped (SIGSTOP) for 20 s, longer than the clients' socket timeout (10 s), then continued: every process
     retries, nobody is counted out for heartbeats that expired meanwhile, and both workers train on afterwards
     (reported: one worker never trained again, 690 rounds against 2312; here a retried pipeline also came back
     empty and failed the master)."""
-    import os
-    import re
-    import time
-    from pycaffe_dist.distributed.launch import LocalRedis
-    from pycaffe_dist.distributed.store import Store
-    server = LocalRedis()
-    try:
-        procs.env["PCD_REDIS_PASSWORD"] = server.password
-        procs.url = server.url
-        merges = 4000
-        procs.master("pause", make_solver(max_iter=merges), "async", 2)
-        procs.worker("pause", 0)
-        procs.worker("pause", 1)
-        monkeypatch.setenv("PCD_REDIS_PASSWORD", server.password)
-        wait_for_merges(Store(server.url, "pause"), 300)
-        os.kill(server.process.pid, signal.SIGSTOP)
-        time.sleep(20)
-        os.kill(server.process.pid, signal.SIGCONT)
-        procs.check("master", 240)
-        rounds = []
-        for index in (0, 1):
-            procs.check("worker%d" % index, 60)
-            rounds.append(int(re.search(r"worker %d: (\d+) rounds" % index, procs.log("worker%d" % index)).group(1)))
-        assert min(rounds) > 0.3 * merges, rounds             # both trained on after the pause
-        assert procs.stats()["count"] == merges and len(procs.stats()["workers"]) == 2
-        assert "Traceback" not in procs.log("master")
-    finally:
-        server.stop()
+    merges = 4000
+    procs.master("pause", make_solver(max_iter=merges), "async", 2)
+    procs.worker("pause", 0)
+    procs.worker("pause", 1)
+    wait_for_merges(Store(own_redis.url, "pause"), 300)
+    os.kill(own_redis.process.pid, signal.SIGSTOP)
+    time.sleep(20)
+    os.kill(own_redis.process.pid, signal.SIGCONT)
+    procs.check("master", 240)
+    rounds = worker_rounds(procs)
+    assert min(rounds) > 0.3 * merges, rounds             # both trained on after the pause
+    assert procs.stats()["count"] == merges and len(procs.stats()["workers"]) == 2
+    assert "Traceback" not in procs.log("master")
 
 
 def test_a_lost_reply_is_asked_for_again_and_answered_again(procs, make_solver, store_for):
     """A worker played by hand against a real master: its replies are deleted before it reads them (as a blocking
     pop served to a dead connection loses them), and the same message sent again gets the same answer."""
-    import time
     job = "lost"
     procs.master(job, make_solver(max_iter=5), "async", 1)
     store = store_for(job)
@@ -166,10 +166,10 @@ def test_a_lost_reply_is_asked_for_again_and_answered_again(procs, make_solver, 
 
     def lose_then_ask_again(message, status):
         store.send_to_master(message)
-        first = _reply(store, time)
+        first = _reply(store)
         assert first["status"] == status, first
         store.send_to_master(message)                   # as if `first` had been lost
-        again = _reply(store, time)
+        again = _reply(store)
         assert again == first
         return first
 
@@ -184,7 +184,7 @@ def test_a_lost_reply_is_asked_for_again_and_answered_again(procs, make_solver, 
     procs.kill_all()
 
 
-def _reply(store, time):
+def _reply(store):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         message = store.next_reply("0", 1)
@@ -193,50 +193,32 @@ def _reply(store, time):
     pytest.fail("no reply from the master")
 
 
-def test_a_redis_restarted_empty_gets_the_job_again_and_the_run_goes_on(procs, make_solver, monkeypatch):
+def test_a_redis_restarted_empty_gets_the_job_again_and_the_run_goes_on(procs, own_redis, make_solver):
     """Redis killed and started again, empty, on its port: the master publishes the job again from memory (W,
     members, a new epoch) and resets its workers, which waited for it; the run finishes with both workers."""
-    import os
-    import re
-    import time
-    from pycaffe_dist.distributed.launch import LocalRedis
-    from pycaffe_dist.distributed.store import Store, connect
-    server = LocalRedis()
-    try:
-        procs.env["PCD_REDIS_PASSWORD"] = server.password
-        procs.url = server.url
-        merges = 3000
-        procs.master("restart", make_solver(max_iter=merges), "async", 2)
-        procs.worker("restart", 0)
-        procs.worker("restart", 1)
-        monkeypatch.setenv("PCD_REDIS_PASSWORD", server.password)
-        wait_for_merges(Store(server.url, "restart"), 300)
-        server.process.kill()
-        server.process.wait()
-        time.sleep(2)
-        server.process = subprocess.Popen([server.binary, os.path.join(server.dir, "redis.conf")],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.check("master", 240)
-        assert "publishing it again from memory" in procs.log("master")
-        rounds = []
-        for index in (0, 1):
-            procs.check("worker%d" % index, 60)
-            rounds.append(int(re.search(r"worker %d: (\d+) rounds" % index, procs.log("worker%d" % index)).group(1)))
-        assert min(rounds) > 0.3 * merges, rounds
-        stats = procs.stats()
-        assert stats["count"] == merges and len(stats["workers"]) == 2 and accuracies(stats)[-1] > 0.8
-        assert keys_of(connect(server.url), "restart") == []
-    finally:
-        server.stop()
+    merges = 3000
+    procs.master("restart", make_solver(max_iter=merges), "async", 2)
+    procs.worker("restart", 0)
+    procs.worker("restart", 1)
+    wait_for_merges(Store(own_redis.url, "restart"), 300)
+    own_redis.process.kill()
+    own_redis.process.wait()
+    time.sleep(2)
+    own_redis.process = subprocess.Popen([own_redis.binary, os.path.join(own_redis.dir, "redis.conf")],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.check("master", 240)
+    assert "publishing it again from memory" in procs.log("master")
+    rounds = worker_rounds(procs)
+    assert min(rounds) > 0.3 * merges, rounds
+    stats = procs.stats()
+    assert stats["count"] == merges and len(stats["workers"]) == 2 and accuracies(stats)[-1] > 0.8
+    assert keys_of(connect(own_redis.url), "restart") == []
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_worker_stopped_past_its_heartbeat_joins_again_and_trains_on(mode, procs, make_solver, store_for):
     """SIGSTOP a worker for longer than its heartbeat, then SIGCONT: the master counts it out and says so, the
     worker is told to join again (it used to be told to stop), gets its data shard back, and trains on."""
-    import os
-    import re
-    import time
     job = "stopped-" + mode
     store = store_for(job)
     procs.master(job, make_solver(max_iter=10 ** 6), mode, 2)
