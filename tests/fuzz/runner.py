@@ -13,8 +13,9 @@ it when the child dies. Input i of a campaign is seed i for the first len(seeds)
 random.Random("<seed>:<i>"): a campaign is reproducible from (PCD_FUZZ_SEED, index), whatever the machine's
 speed, and a child that stopped on a finding is restarted at the next index.
 
-Findings are saved under regressions/<reader>/<sha1 of the input>; one input per distinct finding (kind,
-exception type and the innermost frame of our code or the library), the count of others in the report.
+Findings are saved under regressions/<reader>/<sha1 of the input>: one input per distinct exception (its type and
+innermost frame), the first five of each kind that has no frame (slow, memory, crash, hang); the count of others
+in the report.
 """
 import argparse
 import hashlib
@@ -39,6 +40,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 REGRESSIONS = HERE / "regressions"
 REPO = HERE.parent.parent
 HANG_SECONDS = 60
+FUZZ_IMAGE_VALUES = 1 << 22   # the image bound in campaigns (see run_one)
+LOCATIONLESS_KEPT = 5      # inputs saved per kind of finding that has no frame (slow, memory, crash, hang)
 _MB = 1 << 20
 
 
@@ -89,6 +92,11 @@ def run_one(harness, data, workdir, input_seconds, max_mb):
     before = _maxrss_mb()
     start, cpu = time.monotonic(), time.process_time()
     finding = None
+    # Images up to 4 Mi values: a header can ask for MAX_IMAGE_VALUES (64 Mi), which a reader then decodes on
+    # purpose, and four decodes of that in one input would pass the time limit. The bound itself is tested in
+    # tests/data/test_images.py.
+    bound = os.environ.get("PCD_MAX_IMAGE_VALUES")
+    os.environ["PCD_MAX_IMAGE_VALUES"] = str(FUZZ_IMAGE_VALUES)
     previous = signal.signal(signal.SIGPROF, _alarm)
     signal.setitimer(signal.ITIMER_PROF, input_seconds)
     try:
@@ -106,6 +114,10 @@ def run_one(harness, data, workdir, input_seconds, max_mb):
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, previous)
+        if bound is None:
+            del os.environ["PCD_MAX_IMAGE_VALUES"]
+        else:
+            os.environ["PCD_MAX_IMAGE_VALUES"] = bound
         shutil.rmtree(workdir, ignore_errors=True)
     grown = _maxrss_mb() - before
     if finding is None and grown > max_mb:
@@ -272,6 +284,12 @@ def campaign(reader, seconds=None, seed=None, log=None):
 def _record(finding, data, reader, ext, findings, saved, log):
     findings.append(finding)
     key = signature(finding)
+    if finding["kind"] in ("slow", "memory", "crash", "hang"):
+        # no frame tells these apart: keep the first few inputs of each, they may be different bugs
+        number = sum(1 for f in findings if signature(f) == key)
+        if number > LOCATIONLESS_KEPT:
+            return
+        key = "%s #%d" % (key, number)
     if key not in saved:
         saved[key] = str(save(reader, ext, data))
         if log:
