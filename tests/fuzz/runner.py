@@ -165,14 +165,17 @@ _READER_MODULES = ["pycaffe_dist.proto.binary", "pycaffe_dist.io.prototxt", "pyc
                    "pycaffe_dist.solver.training_log"]
 
 
-def _prepare(reader, scratch, max_mb):
-    """(harness, seed pool, mutator) of a child, the memory limit set."""
+def _prepare(reader, scratch, max_mb, exclude=()):
+    """(harness, seed pool, mutator) of a child, the memory limit set. The pool is the harness's seeds and the saved
+    regression inputs but those of `exclude` (saved by this campaign: the pool stays what it was at its start, and
+    libFuzzer, which runs its whole corpus first, does not find them again at each restart)."""
     from tests.fuzz.harnesses import HARNESSES
     from tests.fuzz.mutate import Mutator
     logging.getLogger("pycaffe_dist").setLevel(logging.ERROR)     # "upgraded on load" at every other input
     harness = HARNESSES[reader]
     (scratch / "seeds").mkdir()
-    pool = harness.seeds(scratch / "seeds") + [p.read_bytes() for p in regression_inputs(reader)]
+    pool = harness.seeds(scratch / "seeds") + [p.read_bytes() for p in regression_inputs(reader)
+                                               if p.name not in exclude]
     _limit_memory(max_mb)
     return harness, pool, Mutator(pool, harness.kinds)
 
@@ -183,7 +186,7 @@ def _report_finding(scratch, finding, data, tried):
     print(json.dumps({"finding": finding, "tried": tried}), flush=True)
 
 
-def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch):
+def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch, exclude=()):
     """The campaign under atheris (libFuzzer, coverage-guided), our mutations offered beside its own. A finding
     ends the process (exit 3) as in the plain child; libFuzzer handles crashes and its own time limit."""
     import atheris
@@ -191,7 +194,7 @@ def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch):
         for name in _READER_MODULES:
             importlib.import_module(name)
     scratch = pathlib.Path(scratch)
-    harness, pool, mutator = _prepare(reader, scratch, max_mb)
+    harness, pool, mutator = _prepare(reader, scratch, max_mb, exclude)
     corpus = scratch / "corpus"
     corpus.mkdir()
     for i, data in enumerate(pool):
@@ -227,9 +230,9 @@ def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch):
     return 0
 
 
-def child(reader, seed, start, seconds, input_seconds, max_mb, scratch):
+def child(reader, seed, start, seconds, input_seconds, max_mb, scratch, exclude=()):
     scratch = pathlib.Path(scratch)
-    harness, pool, mutator = _prepare(reader, scratch, max_mb)
+    harness, pool, mutator = _prepare(reader, scratch, max_mb, exclude)
     current = scratch / "current"
     deadline = time.monotonic() + seconds
     index, reported = start, time.monotonic()
@@ -273,7 +276,8 @@ def campaign(reader, seconds=None, seed=None, log=None):
                 shutil.rmtree(sub) if sub.is_dir() else sub.unlink()
             command = [sys.executable, "-m", "tests.fuzz.runner", config["engine"], reader, "--seed", str(seed),
                        "--start", str(index), "--seconds", str(left), "--input-seconds",
-                       str(config["input_seconds"]), "--max-mb", str(config["max_mb"]), "--scratch", scratch]
+                       str(config["input_seconds"]), "--max-mb", str(config["max_mb"]), "--scratch", scratch,
+                       "--exclude", ",".join(os.path.basename(path) for path in saved.values())]
             proc = subprocess.Popen(command, cwd=str(REPO), env=env, stdout=subprocess.PIPE, text=True)
             index, ended = _follow(proc, reader, ext, index, findings, saved, scratch, log)
             if ended:
@@ -365,6 +369,7 @@ def main(argv=None):
         c.add_argument("--input-seconds", type=float, default=2.0)
         c.add_argument("--max-mb", type=int, default=512)
         c.add_argument("--scratch", required=True)
+        c.add_argument("--exclude", default="", help="regression inputs (file names) to leave out of the pool")
     f = sub.add_parser("fuzz", help="run campaigns and print what they found")
     f.add_argument("readers", nargs="*")
     f.add_argument("--seconds", type=float)
@@ -372,7 +377,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command in ("plain", "atheris"):
         run = child if args.command == "plain" else child_atheris
-        return run(args.reader, args.seed, args.start, args.seconds, args.input_seconds, args.max_mb, args.scratch)
+        return run(args.reader, args.seed, args.start, args.seconds, args.input_seconds, args.max_mb, args.scratch,
+                   set(filter(None, args.exclude.split(","))))
     from tests.fuzz.harnesses import HARNESSES
     for reader in args.readers or HARNESSES:
         result = campaign(reader, args.seconds, args.seed, log=lambda line: print("  " + line, flush=True))
