@@ -34,8 +34,8 @@ FORMATS = ("BMP", "DIB", "GIF", "JPEG", "JPEG2000", "PNG", "PPM", "SUN", "TIFF",
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 _16_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N"}
 # What Pillow's decoders raise on damaged data, besides OSError (UnidentifiedImageError is one): seen by fuzzing
-# (tests/fuzz). Caught around Pillow's calls only, never around our own code.
-DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError, struct.error,
+# (tests/fuzz). Caught around Pillow's open and load only, never around our own code.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError, struct.error,
                   ZeroDivisionError)
 
 
@@ -63,7 +63,7 @@ def _pixels(image, is_color, where, new_height=0, new_width=0):
         if new_height > 0 and new_width > 0:
             image = image.resize((new_width, new_height), Image.BILINEAR)
         array = np.asarray(image, dtype=np.uint8)
-    except DECODE_ERRORS as exc:
+    except (OSError, ValueError) as exc:      # Pillow's conversions of a mode it cannot convert; the decode is done
         raise DataError("%s: cannot decode the image: %s" % (where, exc)) from None
     if is_color:
         return np.ascontiguousarray(array[:, :, ::-1].transpose(2, 0, 1))
@@ -111,7 +111,7 @@ def _open(Image, f, where, channels):
     except Image.DecompressionBombError as exc:      # over 179 Mpixels: Pillow refuses it before we see it
         raise DataError("%s: the image is larger than %d values (MAX_IMAGE_VALUES; PCD_MAX_IMAGE_VALUES sets another "
                         "bound): %s" % (where, max_image_values(), exc)) from None
-    except DECODE_ERRORS as exc:
+    except _DECODE_ERRORS as exc:
         raise DataError("%s: cannot decode the image: %s" % (where, exc)) from None
     try:
         width, height = image.size
@@ -122,7 +122,7 @@ def _open(Image, f, where, channels):
                             "PCD_MAX_IMAGE_VALUES sets another bound)" % (where, width, height, bands, limit))
         try:
             image.load()
-        except (Image.DecompressionBombError,) + DECODE_ERRORS as exc:
+        except (Image.DecompressionBombError,) + _DECODE_ERRORS as exc:
             raise DataError("%s: cannot decode the image: %s" % (where, exc)) from None
     except BaseException:
         image.close()

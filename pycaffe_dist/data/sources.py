@@ -476,7 +476,8 @@ class DatumFileSource(RecordSource):
         offsets = np.frombuffer(data, dtype="<u8", offset=_INDEX_HEAD.size)
         # A damaged index with a fitting header: records start at 0, each at least 12 bytes after the one before,
         # all inside the file. Otherwise it is rebuilt, as a stale one is.
-        if count and (offsets[0] != 0 or offsets[-1] >= size or (np.diff(offsets.astype(np.int64)) < 12).any()):
+        # (in uint64, all below the size first, so that adding 12 cannot wrap: int64 differences could)
+        if count and (offsets[0] != 0 or not (offsets < size).all() or not (offsets[1:] >= offsets[:-1] + 12).all()):
             return None
         return offsets
 

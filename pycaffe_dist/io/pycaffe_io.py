@@ -205,18 +205,21 @@ def load_image(filename, color=True):
     repeated to 3 channels when color is asked, an alpha channel is dropped. Needs Pillow."""
     if importlib.util.find_spec("PIL") is None:
         raise DataError("load_image needs Pillow (pip install Pillow) to read %s" % filename)
-    from ..data.images import DECODE_ERRORS, open_image
+    from ..data.images import open_image
     filename = str(filename)
-    # open_image bounds the size and turns Pillow's errors into DataError (data/images.py)
-    with open_image(filename, filename, 3 if color else 1) as im:
+    # open_image bounds the size and turns Pillow's errors into DataError (data/images.py); 3 channels whatever
+    # `color` says, as this works in RGB floats. The arithmetic is in place: a float copy is 4 bytes a value.
+    with open_image(filename, filename, 3) as im:
         try:
             if im.mode in ("1", "L", "I;16", "F"):
                 scale = {"1": 1, "L": 255, "I;16": 65535, "F": 1}[im.mode]
-                img = np.asarray(im, dtype=np.float32) / scale
+                img = np.array(im, dtype=np.float32)
+                img /= scale
             else:
                 has_alpha = "A" in im.getbands() or "transparency" in im.info
-                img = np.asarray(im.convert("RGBA" if has_alpha else "RGB"), dtype=np.float32)[:, :, :3] / 255
-        except DECODE_ERRORS as exc:
+                img = np.array(im.convert("RGBA" if has_alpha else "RGB"), dtype=np.float32)[:, :, :3]
+                img /= 255
+        except (OSError, ValueError) as exc:      # Pillow's conversions; the decode is done
             raise DataError("%s: cannot read image: %s" % (filename, exc)) from None
     if img.ndim == 3 and not color:
         img = img @ np.asarray(_GRAY_WEIGHTS, dtype=np.float32)
@@ -224,7 +227,7 @@ def load_image(filename, color=True):
         img = img[:, :, np.newaxis]
         if color:
             img = np.tile(img, (1, 1, 3))
-    return img.astype(np.float32)
+    return img.astype(np.float32, copy=False)
 
 
 def resize_image(im, new_dims, interp_order=1):

@@ -230,7 +230,8 @@ def test_a_damaged_index_with_a_fitting_header_is_rebuilt(tmp_path):
     path.write_bytes(hand_built(recs))
     stat = os.stat(path)
     head = struct.pack("<8sQqQ", b"PCDIDX01", stat.st_size, stat.st_mtime_ns, 5)
-    for offsets in ([0, 2 ** 63, 3, 4, 5], [0, 2 ** 64 - 1, 1, 2, 3], [5, 0, 0, 0, 0], [0, 12, 11, 40, 60]):
+    for offsets in ([0, 2 ** 63, 3, 4, 5], [0, 2 ** 64 - 1, 1, 2, 3], [5, 0, 0, 0, 0], [0, 12, 11, 40, 60],
+                    [0, 90, 2 ** 63 + 1, 2 ** 64 - 2 ** 48, 598]):      # int64 differences wrapped to look fine
         (tmp_path / "d.idx").write_bytes(head + struct.pack("<5Q", *offsets))
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         source = open_records(path, "datumfile")

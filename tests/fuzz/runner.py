@@ -13,8 +13,9 @@ it when the child dies. Input i of a campaign is seed i for the first len(seeds)
 random.Random("<seed>:<i>"): a campaign is reproducible from (PCD_FUZZ_SEED, index), whatever the machine's
 speed, and a child that stopped on a finding is restarted at the next index.
 
-Findings are saved under regressions/<reader>/<sha1 of the input>; one input per distinct finding (kind,
-exception type and the innermost frame of our code or the library), the count of others in the report.
+Findings are saved under regressions/<reader>/<sha1 of the input>: one input per distinct exception (its type and
+innermost frame), the first five of each kind that has no frame (slow, memory, crash, hang); the count of others
+in the report.
 """
 import argparse
 import hashlib
@@ -39,6 +40,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 REGRESSIONS = HERE / "regressions"
 REPO = HERE.parent.parent
 HANG_SECONDS = 60
+FUZZ_IMAGE_VALUES = 1 << 22   # the image bound in campaigns (see run_one)
+LOCATIONLESS_KEPT = 5      # inputs saved per kind of finding that has no frame (slow, memory, crash, hang)
 _MB = 1 << 20
 
 
@@ -89,6 +92,11 @@ def run_one(harness, data, workdir, input_seconds, max_mb):
     before = _maxrss_mb()
     start, cpu = time.monotonic(), time.process_time()
     finding = None
+    # Images up to 4 Mi values: a header can ask for MAX_IMAGE_VALUES (64 Mi), which a reader then decodes on
+    # purpose, and four decodes of that in one input would pass the time limit. The bound itself is tested in
+    # tests/data/test_images.py.
+    bound = os.environ.get("PCD_MAX_IMAGE_VALUES")
+    os.environ["PCD_MAX_IMAGE_VALUES"] = str(FUZZ_IMAGE_VALUES)
     previous = signal.signal(signal.SIGPROF, _alarm)
     signal.setitimer(signal.ITIMER_PROF, input_seconds)
     try:
@@ -106,6 +114,10 @@ def run_one(harness, data, workdir, input_seconds, max_mb):
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, previous)
+        if bound is None:
+            del os.environ["PCD_MAX_IMAGE_VALUES"]
+        else:
+            os.environ["PCD_MAX_IMAGE_VALUES"] = bound
         shutil.rmtree(workdir, ignore_errors=True)
     grown = _maxrss_mb() - before
     if finding is None and grown > max_mb:
@@ -153,14 +165,17 @@ _READER_MODULES = ["pycaffe_dist.proto.binary", "pycaffe_dist.io.prototxt", "pyc
                    "pycaffe_dist.solver.training_log"]
 
 
-def _prepare(reader, scratch, max_mb):
-    """(harness, seed pool, mutator) of a child, the memory limit set."""
+def _prepare(reader, scratch, max_mb, exclude=()):
+    """(harness, seed pool, mutator) of a child, the memory limit set. The pool is the harness's seeds and the saved
+    regression inputs but those of `exclude` (saved by this campaign: the pool stays what it was at its start, and
+    libFuzzer, which runs its whole corpus first, does not find them again at each restart)."""
     from tests.fuzz.harnesses import HARNESSES
     from tests.fuzz.mutate import Mutator
     logging.getLogger("pycaffe_dist").setLevel(logging.ERROR)     # "upgraded on load" at every other input
     harness = HARNESSES[reader]
     (scratch / "seeds").mkdir()
-    pool = harness.seeds(scratch / "seeds") + [p.read_bytes() for p in regression_inputs(reader)]
+    pool = harness.seeds(scratch / "seeds") + [p.read_bytes() for p in regression_inputs(reader)
+                                               if p.name not in exclude]
     _limit_memory(max_mb)
     return harness, pool, Mutator(pool, harness.kinds)
 
@@ -171,7 +186,7 @@ def _report_finding(scratch, finding, data, tried):
     print(json.dumps({"finding": finding, "tried": tried}), flush=True)
 
 
-def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch):
+def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch, exclude=()):
     """The campaign under atheris (libFuzzer, coverage-guided), our mutations offered beside its own. A finding
     ends the process (exit 3) as in the plain child; libFuzzer handles crashes and its own time limit."""
     import atheris
@@ -179,7 +194,7 @@ def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch):
         for name in _READER_MODULES:
             importlib.import_module(name)
     scratch = pathlib.Path(scratch)
-    harness, pool, mutator = _prepare(reader, scratch, max_mb)
+    harness, pool, mutator = _prepare(reader, scratch, max_mb, exclude)
     corpus = scratch / "corpus"
     corpus.mkdir()
     for i, data in enumerate(pool):
@@ -215,9 +230,9 @@ def child_atheris(reader, seed, start, seconds, input_seconds, max_mb, scratch):
     return 0
 
 
-def child(reader, seed, start, seconds, input_seconds, max_mb, scratch):
+def child(reader, seed, start, seconds, input_seconds, max_mb, scratch, exclude=()):
     scratch = pathlib.Path(scratch)
-    harness, pool, mutator = _prepare(reader, scratch, max_mb)
+    harness, pool, mutator = _prepare(reader, scratch, max_mb, exclude)
     current = scratch / "current"
     deadline = time.monotonic() + seconds
     index, reported = start, time.monotonic()
@@ -261,7 +276,8 @@ def campaign(reader, seconds=None, seed=None, log=None):
                 shutil.rmtree(sub) if sub.is_dir() else sub.unlink()
             command = [sys.executable, "-m", "tests.fuzz.runner", config["engine"], reader, "--seed", str(seed),
                        "--start", str(index), "--seconds", str(left), "--input-seconds",
-                       str(config["input_seconds"]), "--max-mb", str(config["max_mb"]), "--scratch", scratch]
+                       str(config["input_seconds"]), "--max-mb", str(config["max_mb"]), "--scratch", scratch,
+                       "--exclude", ",".join(os.path.basename(path) for path in saved.values())]
             proc = subprocess.Popen(command, cwd=str(REPO), env=env, stdout=subprocess.PIPE, text=True)
             index, ended = _follow(proc, reader, ext, index, findings, saved, scratch, log)
             if ended:
@@ -272,6 +288,12 @@ def campaign(reader, seconds=None, seed=None, log=None):
 def _record(finding, data, reader, ext, findings, saved, log):
     findings.append(finding)
     key = signature(finding)
+    if finding["kind"] in ("slow", "memory", "crash", "hang"):
+        # no frame tells these apart: keep the first few inputs of each, they may be different bugs
+        number = sum(1 for f in findings if signature(f) == key)
+        if number > LOCATIONLESS_KEPT:
+            return
+        key = "%s #%d" % (key, number)
     if key not in saved:
         saved[key] = str(save(reader, ext, data))
         if log:
@@ -347,6 +369,7 @@ def main(argv=None):
         c.add_argument("--input-seconds", type=float, default=2.0)
         c.add_argument("--max-mb", type=int, default=512)
         c.add_argument("--scratch", required=True)
+        c.add_argument("--exclude", default="", help="regression inputs (file names) to leave out of the pool")
     f = sub.add_parser("fuzz", help="run campaigns and print what they found")
     f.add_argument("readers", nargs="*")
     f.add_argument("--seconds", type=float)
@@ -354,7 +377,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command in ("plain", "atheris"):
         run = child if args.command == "plain" else child_atheris
-        return run(args.reader, args.seed, args.start, args.seconds, args.input_seconds, args.max_mb, args.scratch)
+        return run(args.reader, args.seed, args.start, args.seconds, args.input_seconds, args.max_mb, args.scratch,
+                   set(filter(None, args.exclude.split(","))))
     from tests.fuzz.harnesses import HARNESSES
     for reader in args.readers or HARNESSES:
         result = campaign(reader, args.seconds, args.seed, log=lambda line: print("  " + line, flush=True))

@@ -11,7 +11,7 @@ READERS = sorted(HARNESSES)
 def describe(findings, saved):
     lines = ["%d inputs escaped (%d distinct); saved under tests/fuzz/regressions:" % (len(findings), len(saved))]
     for key, path in saved.items():
-        example = next(f for f in findings if runner.signature(f) == key)
+        example = next(f for f in findings if runner.signature(f) == key.split(" #")[0])
         lines.append("  %s -> %s\n    %s" % (key, path, example["detail"]))
     return "\n".join(lines)
 
