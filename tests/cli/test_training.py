@@ -11,8 +11,8 @@ import pytest
 
 from pycaffe_dist.proto.binary import read_binary
 from pycaffe_dist.proto import caffe_pb2
-from tests.cli.commands import assert_clean_error, dist_caffe
-from tests.conftest import GOLDEN, REPO, load_npz
+from tests.cli.commands import assert_clean_error, child_env, dist_caffe
+from tests.conftest import GOLDEN, load_npz
 
 CASE = GOLDEN / "solvers" / "sgd_momentum"
 META = json.loads((CASE / "case.json").read_text())
@@ -96,7 +96,7 @@ def test_sigint_leaves_a_snapshot_that_resumes_to_the_same_result(case, effect):
     solver = long_solver(case)
     proc = subprocess.Popen([sys.executable, "-m", "pycaffe_dist", "train", "--solver", solver, "--weights",
                              "init.caffemodel", "--sigint_effect", effect], cwd=case, stderr=subprocess.PIPE,
-                            text=True, env={"PYTHONPATH": str(REPO)})
+                            text=True, env=child_env())
     seen = []
     for line in proc.stderr:
         seen.append(line)
@@ -172,7 +172,7 @@ def test_progress_line_on_a_terminal_keeps_the_log_lines_whole(case):
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "pycaffe_dist", "train", "--solver", long_solver(case),
                              "--weights", "init.caffemodel", "--log", "train.log"], cwd=case, stderr=slave,
-                            stdout=subprocess.DEVNULL, env={"PYTHONPATH": str(REPO)})
+                            stdout=subprocess.DEVNULL, env=child_env())
     os.close(slave)
     chunks = []
     while True:

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.errors import DeviceError
-from tests.cli.commands import assert_clean_error, dist_caffe
+from tests.cli.commands import assert_clean_error, child_env, dist_caffe
 from tests.cli.test_training import case, params  # noqa: F401  (the fixture)
-from tests.conftest import REPO
 
 
 def _gpu_reason():
@@ -61,7 +60,7 @@ def test_train_on_the_emulated_gpu_gives_the_cpu_weights(case):
     want = params(case / "snap_iter_10.caffemodel")
     gpu = subprocess.run([sys.executable, "-m", "pycaffe_dist", "train", "--solver", "solver.prototxt", "--weights",
                           "init.caffemodel", "--gpu", "0"], capture_output=True, text=True, cwd=case,
-                         env={"PYTHONPATH": str(REPO), "PCD_DEVICE": "emulated"})
+                         env=dict(child_env(), PCD_DEVICE="emulated"))
     assert gpu.returncode == 0, gpu.stderr
     assert "Using GPU 0: emulated GPU" in gpu.stderr
     for key, value in params(case / "snap_iter_10.caffemodel").items():
