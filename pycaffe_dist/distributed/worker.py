@@ -16,7 +16,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from .. import common
+from ..backend import select
 from ..errors import StoreError
 from ..solver.solver import Solver
 from . import job as jobs
@@ -47,6 +50,39 @@ class Outcome:
     @classmethod
     def of(cls, reply, pulled):
         return cls(reply["status"], pulled[0], pulled[1], int(reply.get("iter", 0)), int(reply.get("workers", 1)))
+
+
+class ExchangeBuffers:
+    """The host arrays a worker's rounds move W through, allocated once (page-locked on a GPU, so that the DMA to
+    and from the device runs from them with no staging copy, and the store's sockets read and write them in
+    place).
+
+    - pulls: W is received into two sets in turn. With the exchange in flight, round r+1 computes from the W of
+      round r-1's exchange while round r's exchange receives the next one, into the other set.
+    - gradients: two sets in turn, for the same reason (round r's are sent while round r+1 computes its own).
+    - x_end: one set; the weights at a round's end live only until the mode has made its result of them."""
+
+    def __init__(self, shapes):
+        if select.active():
+            dev = select.current()
+
+            def empty(shape):
+                return dev.pinned_empty(int(np.prod(shape)), np.float32).reshape(shape)
+        else:
+            def empty(shape):
+                return np.empty(shape, np.float32)
+        self._pulls = [[empty(s) for s in shapes] for _ in range(2)]
+        self._gradients = [[empty(s) for s in shapes] for _ in range(2)]
+        self.x_end = [empty(s) for s in shapes]
+        self._pulled = self._computed = 0
+
+    def next_pull(self):
+        self._pulled += 1
+        return self._pulls[self._pulled % 2]
+
+    def next_gradients(self):
+        self._computed += 1
+        return self._gradients[self._computed % 2]
 
 
 class Worker:
@@ -165,7 +201,7 @@ class Worker:
         common.set_num_threads(self.threads)
         common.set_data_shard(slot % shards, shards)
         solver = Solver(jobs.worker_solver(self.spec["solver"], slot))
-        shapes = [tuple(w.shape) for w in solver.weights]
+        shapes = solver.weight_shapes
         expected = [tuple(b["shape"]) for b in self.spec["blobs"]]
         if shapes != expected:
             raise StoreError("job %s: this worker's net has learnable blobs %s but the job's are %s"
@@ -187,8 +223,9 @@ class Worker:
         """(W, its merge count). W is missing only after a Redis restarted empty, until the master publishes the
         job again: wait for it as long as for a master."""
         deadline = time.monotonic() + self.master_timeout_s
+        out = self.buffers.next_pull()
         while True:
-            weights, version = self.store.get_weights(self.shapes, missing_ok=True)
+            weights, version = self.store.get_weights(self.shapes, out=out, missing_ok=True)
             if weights is not None:
                 return weights, version
             if time.monotonic() > deadline:
@@ -198,18 +235,18 @@ class Worker:
                 raise Stopped()
 
     def _compute(self, solver, start, iteration):
-        """One round's work from the weights `start`: (the weights at its end, the gradients or None, the loss)."""
-        for w, x in zip(solver.weights, start):
-            w[...] = x
+        """One round's work from the weights `start`: (the weights at its end, the gradients or None, the loss).
+        On a GPU, start goes up and the result comes down once each, between the device and pinned buffers."""
+        solver.set_weights(start)
         if self.mode.gradients:
-            gradients, loss = solver.compute_gradients()
+            gradients, loss = solver.compute_gradients(out=self.buffers.next_gradients())
             if self.delay_s:
                 time.sleep(self.delay_s)
             return start, gradients, loss
         loss = solver.step_from(iteration, self.tau)
         if self.delay_s:
             time.sleep(self.delay_s)
-        return [w.copy() for w in solver.weights], None, loss
+        return solver.read_weights(self.buffers.x_end), None, loss
 
     def run(self):
         beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
@@ -220,7 +257,8 @@ class Worker:
             slot, shards = self._join()
             log.info("worker %s of job %s: data shard %d of %d", self.id, self.job, slot % shards, shards)
             solver = self._build_solver(slot, shards)
-            self.shapes = [tuple(w.shape) for w in solver.weights]
+            self.shapes = solver.weight_shapes
+            self.buffers = ExchangeBuffers(self.shapes)
             images = solver.images_per_iteration * (1 if self.mode.gradients else self.tau)
             while True:
                 try:

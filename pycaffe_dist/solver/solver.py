@@ -473,12 +473,45 @@ class Solver:
         self.step(iters)
         return float(self.smoothed_loss)
 
-    def compute_gradients(self):
-        """The gradients of one iteration at the weights as they are (iter_size passes summed, no update): copies
-        of the learnable parameters' diffs, and the mean loss."""
+    @property
+    def weight_shapes(self):
+        return [tuple(blob.shape) for blob in self.net.learnable_params]
+
+    def set_weights(self, arrays):
+        """Make the weights these host arrays. On the GPU each goes straight into the blob's device copy (from a
+        pinned array: one DMA, no host copy in between); the host copies go stale until someone reads them."""
+        if select.active():
+            dev = select.current()
+            for blob, x in zip(self.net.learnable_params, arrays):
+                dev.upload(blob.mutable_gpu_data, x)
+        else:
+            for blob, x in zip(self.net.learnable_params, arrays):
+                blob.data[...] = x
+
+    def read_weights(self, out):
+        """The weights into the host arrays `out` (pinned ones on the GPU: one DMA each, no copy through the
+        blob's host memory); returns out."""
+        self._read(lambda blob: blob.gpu_data, lambda blob: blob.cpu_data, out)
+        return out
+
+    def compute_gradients(self, out=None):
+        """The gradients of one iteration at the weights as they are (iter_size passes summed, no update): the
+        learnable parameters' diffs in `out` (host arrays; new ones when None), and the mean loss."""
         self.net.clear_param_diffs()
         loss = self._forward_backward()
-        return [blob.diff.copy() for blob in self.net.learnable_params], float(loss)
+        if out is None:
+            out = [np.empty(shape, np.float32) for shape in self.weight_shapes]
+        self._read(lambda blob: blob.gpu_diff, lambda blob: blob.cpu_diff, out)
+        return out, float(loss)
+
+    def _read(self, device_copy, host_copy, out):
+        if select.active():
+            dev = select.current()
+            for blob, o in zip(self.net.learnable_params, out):
+                dev.download(device_copy(blob), o)
+        else:
+            for blob, o in zip(self.net.learnable_params, out):
+                np.copyto(o, host_copy(blob))
 
     def apply_gradients(self, gradients, iteration, rate_scale=1.0):
         """Update the weights with these gradients as the update that follows `iteration` updates: Caffe's

@@ -65,3 +65,28 @@ def test_snapshot_on_gpu_restores_on_cpu(gpu, tmp_path, monkeypatch):
         np.testing.assert_array_equal(value, weights[key], err_msg=key)
     for ours, theirs in zip(restored.history, history):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_workers_weights_move_between_the_device_and_host_arrays_directly(gpu, tmp_path, monkeypatch):
+    """What a distributed worker uses: set_weights uploads straight into the device copies (the host copies are
+    not written), read_weights and compute_gradients download into the arrays given, leaving the device copies
+    current."""
+    solver = make_solver("sgd_lr_step", tmp_path, monkeypatch)
+    blobs = solver.net.learnable_params
+    rng = np.random.default_rng(3)
+    start = [rng.standard_normal(shape).astype(np.float32) for shape in solver.weight_shapes]
+    hosts_before = [blob.data_memory._host.copy() if blob.data_memory._host is not None else None for blob in blobs]
+    solver.set_weights(start)
+    for blob, before in zip(blobs, hosts_before):
+        assert blob.data_memory.head == synced_memory.DEVICE
+        if before is not None:
+            np.testing.assert_array_equal(blob.data_memory._host, before)
+    out = [np.empty(shape, np.float32) for shape in solver.weight_shapes]
+    assert solver.read_weights(out) is out
+    for got, want in zip(out, start):
+        np.testing.assert_array_equal(got, want)
+    gradients, loss = solver.compute_gradients(out=[np.empty(s, np.float32) for s in solver.weight_shapes])
+    assert np.isfinite(loss)
+    for blob, g in zip(blobs, gradients):
+        assert blob.diff_memory.head == synced_memory.DEVICE
+        np.testing.assert_array_equal(g, blob.cpu_diff)
