@@ -60,12 +60,25 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 NETS = {"lenet": (HERE / "nets" / "lenet_input.prototxt", 64),
         "cifar10_quick": (HERE / "nets" / "cifar10_quick_input.prototxt", 100),
-        "alexnet": (HERE / "nets" / "alexnet_input.prototxt", 128)}
+        "alexnet": (HERE / "nets" / "alexnet_input.prototxt", 128),
+        "resnet50": (HERE / "nets" / "resnet50_input.prototxt", 32),
+        "googlenet": (HERE / "nets" / "googlenet_input.prototxt", 32),
+        "squeezenet": (HERE / "nets" / "squeezenet_input.prototxt", 32)}
+GPU_NETS = ("lenet", "cifar10_quick", "alexnet", "resnet50", "googlenet")
+# Issue 28's targets on one GPU, ours / PyTorch, IEEE float32 both.
+GPU_TARGETS = {"lenet": 0.6, "cifar10_quick": 0.8, "alexnet": 0.8, "resnet50": 1.0, "googlenet": 1.0}
 CAFFE_MS = {"lenet": 17.4, "cifar10_quick": 162.0}   # caffe time, 1 thread, same machines (issue 3)
 WARMUP = 3
 GEMM_REPS = 10
 CALIBRATION_N = 512
 GEMM_LAYERS = ("Convolution", "Deconvolution", "InnerProduct")   # backward = 2 x forward (see the docstring)
+
+
+def _current_rss_mb():
+    """Resident memory now (the torch child's base: its peak may include our Net, built and freed to shape its
+    copy, while the base must not)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 20
 
 
 def _peak_rss_mb():
@@ -203,71 +216,39 @@ def run_ours_gpu(net_name, iterations):
     return {"ms": ms, "flops": fwd_bwd_flops(net), "device": dev.name, "host_layers": _host_layers(net)}
 
 
-def torch_model(param):
-    """The net's layers as torch modules, in order (the subset these nets use)."""
-    import torch
-    from torch import nn
+def torch_model(net_name):
+    """PyTorch's copy of the net (bench/torch_net.py: the same layers, shapes and loss weights), built from our Net
+    in TRAIN phase, which is freed again before anything is timed."""
+    import gc
+    from pycaffe_dist.net.net import Net
     from pycaffe_dist.proto import caffe_pb2
-    P = caffe_pb2.PoolingParameter
-    layers, channels, features = [], None, None
-    for lp in param.layer:
-        if lp.type == "Input":
-            channels = lp.input_param.shape[0].dim[1]
-        elif lp.type == "Convolution":
-            cp = lp.convolution_param
-            layers.append(nn.Conv2d(channels, cp.num_output, cp.kernel_size[0],
-                                    stride=cp.stride[0] if cp.stride else 1, padding=cp.pad[0] if cp.pad else 0,
-                                    groups=cp.group, bias=cp.bias_term))
-            channels = cp.num_output
-        elif lp.type == "Pooling":
-            pp = lp.pooling_param
-            pool = nn.MaxPool2d if pp.pool == P.MAX else nn.AvgPool2d
-            layers.append(pool(pp.kernel_size, stride=pp.stride, ceil_mode=True))   # Caffe rounds up
-        elif lp.type == "ReLU":
-            layers.append(nn.ReLU(inplace=True))
-        elif lp.type == "LRN":
-            rp = lp.lrn_param
-            if rp.norm_region != caffe_pb2.LRNParameter.ACROSS_CHANNELS:
-                raise ValueError("bench: no torch equivalent for LRN %s: WITHIN_CHANNEL" % lp.name)
-            # Both divide alpha by the window size: k + alpha / n * sum(x^2), so Caffe's alpha passes unchanged.
-            layers.append(nn.LocalResponseNorm(rp.local_size, alpha=rp.alpha, beta=rp.beta, k=rp.k))
-        elif lp.type == "Dropout":
-            # Not in place: it follows an in-place ReLU whose output autograd keeps for the ReLU's backward.
-            layers.append(nn.Dropout(lp.dropout_param.dropout_ratio))
-        elif lp.type == "InnerProduct":
-            if features is None:
-                layers.append(nn.Flatten())
-                features = -1
-            layers.append(nn.LazyLinear(lp.inner_product_param.num_output))
-        elif lp.type in ("SoftmaxWithLoss", "Accuracy"):
-            continue
-        else:
-            raise ValueError("bench: no torch equivalent for layer type %s" % lp.type)
-    return nn.Sequential(*layers), torch
+    sys.path.insert(0, str(HERE))
+    import torch_net
+    net = Net(_net_param(net_name), phase=caffe_pb2.TRAIN)
+    model, torch = torch_net.build(net)
+    del net
+    gc.collect()
+    return model, torch
 
 
 def _torch_inputs(param, torch):
+    """{"data": random images, "label": labels in 0..9}, as _random_inputs gives ours."""
     from pycaffe_dist.proto import caffe_pb2
     shape = tuple(next(l for l in param.layer if l.type == "Input" and
                        all(r.phase != caffe_pb2.TEST for r in l.include)).input_param.shape[0].dim)
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(shape, generator=gen)
-    y = torch.randint(0, 10, (shape[0],), generator=gen)
-    return x, y
+    return {"data": torch.randn(shape, generator=gen), "label": torch.randint(0, 10, (shape[0],), generator=gen)}
 
 
 def run_torch(net_name, threads, iterations):
-    param = _net_param(net_name)
-    model, torch = torch_model(param)
+    base = _current_rss_mb()
+    model, torch = torch_model(net_name)
     torch.set_num_threads(threads)
-    base = _peak_rss_mb()
-    x, y = _torch_inputs(param, torch)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    model(x)   # materialise the lazy layers
+    inputs = _torch_inputs(_net_param(net_name), torch)
 
     def step():
         model.zero_grad(set_to_none=False)
-        loss_fn(model(x), y).backward()
+        model(inputs).backward()
     return {"times_ms": _times_ms(step, iterations)}, base
 
 
@@ -294,17 +275,13 @@ def run_torch_gpu(net_name, iterations, device_name, tf32):
     torch, sync, error = _torch_on(device_name, tf32)
     if error:
         return error
-    param = _net_param(net_name)
-    model, _ = torch_model(param)
-    x, y = _torch_inputs(param, torch)
-    model(x[:1])               # materialise the lazy layers (on the host, one image), then move
+    model, _ = torch_model(net_name)
     model.to(device_name)
-    x, y = x.to(device_name), y.to(device_name)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    inputs = {k: v.to(device_name) for k, v in _torch_inputs(_net_param(net_name), torch).items()}
 
     def step():
         model.zero_grad(set_to_none=False)
-        loss_fn(model(x), y).backward()
+        model(inputs).backward()
     ms = _median_ms(step, iterations, sync=sync)
     name = torch.cuda.get_device_name() if sync else "cpu"
     return {"ms": ms, "device": name}
@@ -399,7 +376,8 @@ def main():
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--threads", help="CPU mode: thread counts to measure (default 1,2); --gpu: the host threads "
                                       "(default: the libraries' own)")
-    ap.add_argument("--nets", help="default: lenet,cifar10_quick (CPU), lenet,cifar10_quick,alexnet (--gpu)")
+    ap.add_argument("--nets", help="default: lenet,cifar10_quick (CPU), %s (--gpu); also: %s"
+                                   % (",".join(GPU_NETS), ", ".join(sorted(NETS))))
     ap.add_argument("--plot", help="also write a bar chart (PNG) of the times")
     ap.add_argument("--gpu", action="store_true", help="ours and PyTorch on GPU 0, with a GEMM reference")
     ap.add_argument("--gemm-size", type=int, help="--gpu: n of the n x n x n GEMM reference (default 8192, or "
@@ -457,7 +435,7 @@ def main():
 
 
 def main_gpu(args):
-    nets = (args.nets or "lenet,cifar10_quick,alexnet").split(",")
+    nets = (args.nets or ",".join(GPU_NETS)).split(",")
     unknown = [n for n in nets if n not in NETS]
     if unknown:
         raise SystemExit("bench/nets.py --gpu: unknown net(s) %s (known: %s)" % (", ".join(unknown), ", ".join(NETS)))
@@ -482,8 +460,8 @@ def main_gpu(args):
                                                    " (TF32 allowed)" if args.torch_tf32 else " (IEEE float32)"))
     print("bench: GEMM %d^3 float32: ours (device gemm) %.3g TFLOP/s, torch.matmul %s; %% GEMM below is of %.3g"
           % (gemm_size, gemm["tflops"], "%.3g TFLOP/s" % torch_gemm["tflops"] if have_torch else "-", roof))
-    header = ("net", "batch", "GFLOP/iter", "ours ms", "torch ms", "ours/torch", "ours TFLOP/s", "torch TFLOP/s",
-              "ours % GEMM", "torch % GEMM")
+    header = ("net", "batch", "GFLOP/iter", "ours ms", "torch ms", "ours/torch", "target", "ours TFLOP/s",
+              "torch TFLOP/s", "ours % GEMM", "torch % GEMM")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     rows, notes = [], []
@@ -495,8 +473,11 @@ def main_gpu(args):
         flops = ours["flops"]
         ours_tf = flops / (ours["ms"] * 1e-3) / 1e12
         ref_tf = flops / (ref["ms"] * 1e-3) / 1e12 if ref else None
+        target = GPU_TARGETS.get(net_name)
+        verdict = "-" if target is None else "<= %.1f %s" % (
+            target, ("met" if ours["ms"] / ref["ms"] <= target else "NOT MET") if ref else "not measured")
         row = (net_name, NETS[net_name][1], "%.2f" % (flops / 1e9), "%.2f" % ours["ms"],
-               "%.2f" % ref["ms"] if ref else "-", "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-",
+               "%.2f" % ref["ms"] if ref else "-", "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-", verdict,
                "%.3g" % ours_tf, "%.3g" % ref_tf if ref else "-", "%.1f" % (100 * ours_tf / roof),
                "%.1f" % (100 * ref_tf / roof) if ref else "-")
         rows.append((net_name, ours["ms"], ref["ms"] if ref else None, ours_tf, ref_tf))
