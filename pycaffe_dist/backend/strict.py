@@ -106,7 +106,7 @@ def check_launch(memory, kernel, codes, n, args):
     DeviceArray's own)."""
     if n > INT_MAX:
         raise DeviceError("kernel %s: n = %d does not fit its int" % (kernel, n))
-    blocks = blocks_for(n)
+    blocks = blocks_for(n)     # capped by MAX_BLOCKS today; this guards a change of that cap or of the block size
     if not 1 <= blocks <= MAX_GRID_X or not 1 <= CUDA_NUM_THREADS <= MAX_THREADS_PER_BLOCK:
         raise DeviceError("kernel %s: a grid of %d blocks of %d threads is beyond the device's limits"
                           % (kernel, blocks, CUDA_NUM_THREADS))
@@ -127,7 +127,7 @@ def _check_sizes(call, **sizes):
         if value < 0:
             raise _invalid(call, "%s = %d < 0" % (name, value))
         if value > INT_MAX:
-            raise _invalid(call, "%s = %d does not fit an int" % (name, value))
+            raise DeviceError("%s: %s = %d does not fit cuBLAS's int" % (call, name, value))
 
 
 def _check_ld(call, name, ld, rows, rows_name):
@@ -157,6 +157,10 @@ def _check_matrix(memory, call, name, array, rows, cols, ld, stride=0, batch=1):
     if low < 0:
         raise DeviceError("%s: %s's stride %d puts matrices before its address" % (call, name, stride))
     memory.check(call, name, array, high * FLOAT32.itemsize)
+    # Inside its block but past its array: no GPU notices, and the call reads or writes a neighbour's elements.
+    if high > array.size:
+        raise DeviceError("%s: %s spans %d elements from its address, its array holds %d" % (call, name, high,
+                                                                                            array.size))
 
 
 def check_gemm(memory, call, opa, opb, m, n, k, a, lda, b, ldb, c, ldc, strides=(0, 0, 0), batch=1):
@@ -189,11 +193,11 @@ def check_gemv(memory, call, op, m, n, a, lda, x, y):
 
 
 def check_vector(memory, call, n, *vectors):
-    """axpy, scal, dot, asum (increments 1). cuBLAS returns early on n <= 0 where reference BLAS does; we refuse
-    a negative n all the same, since no caller of ours means one."""
+    """axpy, scal, dot, asum (increments 1). cuBLAS, as reference BLAS, returns at once on n <= 0 (dot and asum
+    give 0); we refuse a negative n all the same: no caller of ours means one."""
     if n < 0:
         raise DeviceError("%s: n = %d < 0 (cuBLAS would return at once)" % (call, n))
     if n > INT_MAX:
-        raise DeviceError("%s: n = %d does not fit an int" % (call, n))
+        raise DeviceError("%s: n = %d does not fit cuBLAS's int" % (call, n))
     for name, vector in vectors:
         _check_matrix(memory, call, name, vector, n, 1, 1)
