@@ -33,7 +33,7 @@ class RowMajorBlas:
         if k == 0:
             if stride_c == m * n:
                 self._scale(batch * m * n, beta, c)
-            else:
+            else:       # stride 0: one C for every product, scaled once
                 for i in range(batch if stride_c else 1):
                     self._scale(m * n, beta, c.at(i * stride_c))
             return

@@ -27,8 +27,7 @@ def _view(ptr, size, dtype=np.float32):
 
 def _matrix(ptr, rows, cols, ld):
     """The column-major rows x cols float32 matrix at ptr with leading dimension ld, as a numpy view (its transpose's
-    layout). Its extent was checked against its block (backend/strict.py), not against a DeviceArray's size: cuBLAS
-    reads what the call says, whatever array the pointer came from."""
+    layout). The call's arguments say what it spans, as they do to cuBLAS; backend/strict.py checked that span."""
     need = (cols - 1) * ld + rows if rows and cols else 0
     return np.lib.stride_tricks.as_strided(_view(ptr, need), shape=(rows, cols), strides=(4, ld * 4))
 
