@@ -160,4 +160,9 @@ class Device:
                 values.append(int(arg))
             else:
                 values.append(float(arg))
+        self._check_launch(kernel, codes, int(n), args)
         self._launch(kernel, codes, int(n), values)
+
+    def _check_launch(self, kernel, codes, n, args):
+        """Where a device refuses what the driver would (the emulated device: backend/strict.py); a real one's
+        driver does it itself."""

@@ -4,14 +4,16 @@ It exists so that the whole GPU code path (layers' forward_gpu/backward_gpu, the
 synchronisation, device prefetch) is exercised and compared with the CPU path on machines without a GPU: `PCD_DEVICE=
 emulated` or `select.use(EmulatedDevice())`. Its "device memory" is host memory that nothing but this interface
 touches, its BLAS is numpy's (column-major calls mapped back onto row-major views), its streams run in order.
+It refuses every call a real GPU would refuse, and every pointer outside the memory in use (backend/strict.py),
+so that such a call fails here rather than first on a GPU.
 """
 import ctypes
 
 import numpy as np
 
-from . import kernel_source
+from . import kernel_source, strict
 from .blas_ops import RowMajorBlas
-from .device import CachingAllocator, Device
+from .device import Device
 
 _CTYPES = {"i": ctypes.c_int, "f": ctypes.c_float, "P": ctypes.c_void_p}
 
@@ -23,17 +25,11 @@ def _view(ptr, size, dtype=np.float32):
     return np.ctypeslib.as_array((ctypes.c_char * (size * dtype.itemsize)).from_address(ptr)).view(dtype)
 
 
-def _matrix(array, rows, cols, ld):
-    """A column-major rows x cols matrix with leading dimension ld, as a numpy view (its transpose's layout)."""
-    flat = _view(array.ptr, array.size, array.dtype)
+def _matrix(ptr, rows, cols, ld):
+    """The column-major rows x cols float32 matrix at ptr with leading dimension ld, as a numpy view (its transpose's
+    layout). The call's arguments say what it spans, as they do to cuBLAS; backend/strict.py checked that span."""
     need = (cols - 1) * ld + rows if rows and cols else 0
-    return np.lib.stride_tricks.as_strided(flat[:max(need, 0)], shape=(rows, cols),
-                                           strides=(flat.itemsize, ld * flat.itemsize))
-
-
-def _offset(array, offset):
-    """array.at(offset), except that a stride-0 operand may be shorter than the batch's extent."""
-    return array.at(offset) if offset else array
+    return np.lib.stride_tricks.as_strided(_view(ptr, need), shape=(rows, cols), strides=(4, ld * 4))
 
 
 class _Stream:
@@ -49,7 +45,7 @@ class EmulatedDevice(RowMajorBlas, Device):
         self.index = index
         self._lib = ctypes.CDLL(str(kernel_source.ensure_host_library()))
         self._functions = {}
-        self.allocator = CachingAllocator(self._device_alloc, lambda handle: None)
+        self.allocator = strict.TrackedAllocator(self._device_alloc, lambda handle: None)
         self.stream = _Stream()
 
     @staticmethod
@@ -63,15 +59,23 @@ class EmulatedDevice(RowMajorBlas, Device):
         return _view(array.ptr, array.size, array.dtype)
 
     def upload(self, dst, host, stream=None):
+        strict.check_host("upload", dst, host)
+        self.allocator.check("upload", "destination", dst)
         np.copyto(_view(dst.ptr, dst.size, dst.dtype), np.asarray(host).reshape(-1), casting="no")
 
     def download(self, src, host, stream=None):
+        strict.check_host("download", src, host)
+        self.allocator.check("download", "source", src)
         np.copyto(host.reshape(-1), _view(src.ptr, src.size, src.dtype), casting="no")
 
     def copy(self, dst, src, stream=None):
+        strict.check_same_layout("copy", dst, src)
+        self.allocator.check("copy", "destination", dst)
+        self.allocator.check("copy", "source", src)
         _view(dst.ptr, dst.size, dst.dtype)[...] = _view(src.ptr, src.size, src.dtype)
 
     def memset(self, array, byte):
+        self.allocator.check("memset", "destination", array)
         ctypes.memset(array.ptr, byte, array.nbytes)
 
     def pinned_empty(self, size, dtype=np.float32):
@@ -94,6 +98,9 @@ class EmulatedDevice(RowMajorBlas, Device):
         return contextlib.nullcontext()
 
     # --- kernels -----------------------------------------------------------------------------------------------
+    def _check_launch(self, kernel, codes, n, args):
+        strict.check_launch(self.allocator, kernel, codes, n, args)
+
     def _launch(self, kernel, codes, n, values):
         fn = self._functions.get(kernel)
         if fn is None:
@@ -105,6 +112,14 @@ class EmulatedDevice(RowMajorBlas, Device):
 
     # --- BLAS (cuBLAS's column-major calls) --------------------------------------------------------------------
     def _sgemm(self, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        strict.check_gemm(self.allocator, "cublasSgemm_v2", opa, opb, m, n, k, a, lda, b, ldb, c, ldc)
+        self._gemm(opa, opb, m, n, k, alpha, a.ptr, lda, b.ptr, ldb, beta, c.ptr, ldc)
+
+    @staticmethod
+    def _gemm(opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        """The column-major product over addresses (checked by the caller)."""
+        if not (m and n):
+            return
         am = _matrix(a, k, m, lda).T if opa else _matrix(a, m, k, lda)
         bm = _matrix(b, n, k, ldb).T if opb else _matrix(b, k, n, ldb)
         cm = _matrix(c, m, n, ldc)
@@ -117,12 +132,17 @@ class EmulatedDevice(RowMajorBlas, Device):
 
     def _sgemm_batched(self, opa, opb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
                        batch):
+        strict.check_gemm(self.allocator, "cublasSgemmStridedBatched", opa, opb, m, n, k, a, lda, b, ldb, c, ldc,
+                          (stride_a, stride_b, stride_c), batch)
         for i in range(batch):
-            self._sgemm(opa, opb, m, n, k, alpha, _offset(a, i * stride_a), lda, _offset(b, i * stride_b), ldb, beta,
-                        _offset(c, i * stride_c), ldc)
+            self._gemm(opa, opb, m, n, k, alpha, a.ptr + 4 * i * stride_a, lda, b.ptr + 4 * i * stride_b, ldb, beta,
+                       c.ptr + 4 * i * stride_c, ldc)
 
     def _sgemv(self, op, m, n, alpha, a, lda, x, beta, y):
-        am = _matrix(a, m, n, lda)
+        strict.check_gemv(self.allocator, "cublasSgemv_v2", op, m, n, a, lda, x, y)
+        if not (m and n):
+            return
+        am = _matrix(a.ptr, m, n, lda)
         xs, ys = (m, n) if op else (n, m)
         xv, yv = _view(x.ptr, xs), _view(y.ptr, ys)
         product = np.float32(alpha) * ((am.T if op else am) @ xv)
@@ -133,16 +153,20 @@ class EmulatedDevice(RowMajorBlas, Device):
             yv += product
 
     def axpy(self, n, alpha, x, y):
+        strict.check_vector(self.allocator, "cublasSaxpy_v2", n, ("x", x), ("y", y))
         yv = _view(y.ptr, n)
         yv += np.float32(alpha) * _view(x.ptr, n)
 
     def scal(self, n, alpha, x):
+        strict.check_vector(self.allocator, "cublasSscal_v2", n, ("x", x))
         _view(x.ptr, n)[...] *= np.float32(alpha)
 
     def dot(self, n, x, y):
+        strict.check_vector(self.allocator, "cublasSdot_v2", n, ("x", x), ("y", y))
         return float(np.dot(_view(x.ptr, n), _view(y.ptr, n)))
 
     def asum(self, n, x):
+        strict.check_vector(self.allocator, "cublasSasum_v2", n, ("x", x))
         return float(np.abs(_view(x.ptr, n)).sum(dtype=np.float32))
 
     def describe(self):

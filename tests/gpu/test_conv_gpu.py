@@ -178,6 +178,20 @@ def test_an_empty_batch(gpu):
     assert top[0].shape == (0, 4, 3, 3)
 
 
+@pytest.mark.parametrize("kind,extra,shape,top_shape", [
+    ("Convolution", "kernel_size: 5 group: 2", (2, 4, 4, 4), (2, 4, 0, 0)),
+    ("Convolution", "kernel_size: 5 bias_term: false", (2, 3, 4, 4), (2, 4, 0, 0)),
+    ("Deconvolution", "kernel_size: 2 pad: 1", (2, 3, 1, 1), (2, 4, 0, 0)),
+    ("Deconvolution", "kernel_size: 3", (2, 3, 0, 3), (2, 4, 2, 5)),
+    ("Deconvolution", "kernel_size: 3", (0, 3, 3, 3), (0, 4, 5, 5)),
+])
+def test_empty_products(gpu, kind, extra, shape, top_shape):
+    """Shapes whose GEMMs have an empty side or sum over nothing (k = 0: C = beta C), which cuBLAS refuses with
+    Caffe's leading dimensions (backend/blas_ops.py handles them)."""
+    layer, bottom, top = run_on_both(conv_text(kind, extra), [data(*shape)])
+    assert top[0].shape == top_shape
+
+
 @pytest.mark.parametrize("extra,shape", [
     ("kernel_size: 3 stride: 2", (2, 3, 6, 5)),
     ("kernel_h: 2 kernel_w: 3 pad_h: 1 pad_w: 0 stride_h: 1 stride_w: 2 dilation: 2", (1, 2, 5, 7)),
@@ -202,6 +216,8 @@ IP_FILLERS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "g
     ("", (1, 6)),                       # one row: a GEMV
     ("transpose: true", (1, 6)),
     ("transpose: true bias_term: false axis: 0", (2, 3)),
+    ("", (0, 3)),                       # an empty batch: the weight gradient sums over no rows (k = 0)
+    ("transpose: true", (0, 2, 2)),
 ])
 def test_inner_product(gpu, extra, shape):
     run_on_both('type: "InnerProduct" inner_product_param { num_output: 5 %s %s }' % (extra, IP_FILLERS),
