@@ -58,11 +58,21 @@ PCD_DEVICE philox_block philox_stream_block(const philox_u64 counter, const int 
   return philox4x64_10(c0, c0 < counter ? 1ULL : 0ULL, k0, k1);
 }
 
-// uint32 number j % 8 of a block: the low half of word (j % 8) / 2 when j is even, else its high half.
-PCD_DEVICE unsigned philox_uint32_of(const philox_block& block, const int j) {
-  const philox_u64 word = block.v[(j & 7) >> 1];
-  return (unsigned)((j & 1) ? (word >> 32) : (word & 0xffffffffULL));
+// uint32 number k (0..7) of a block: the low half of word k / 2 when k is even, else its high half.
+PCD_DEVICE unsigned philox_uint32_of(const philox_block& block, const int k) {
+  const philox_u64 word = block.v[k >> 1];
+  return (unsigned)((k & 1) ? (word >> 32) : (word & 0xffffffffULL));
 }
+
+// For each number j = 8b + k (k = 0..7) of block b below count. On the device the loop is unrolled, so that k is a
+// constant and the block's words stay in registers (indexed by a variable, they would go to local memory).
+#ifdef __CUDACC__
+#define PHILOX_UNROLL _Pragma("unroll")
+#else
+#define PHILOX_UNROLL
+#endif
+#define PHILOX_FOR_EACH_NUMBER(j, k, b, count) \
+  PHILOX_UNROLL for (int k = 0, j = 8 * (b); k < 8; ++k, ++j) if (j < (count))
 
 // numpy's next_float: the top 24 bits, times 2^-24 (exact in float32): a value in [0, 1).
 PCD_DEVICE float philox_float_of(const unsigned bits) { return (float)(bits >> 8) * (1.0f / 16777216.0f); }
@@ -74,10 +84,7 @@ PCD_KERNEL void philox_uint32(const int blocks, const int count, const unsigned 
   const philox_u64 k0 = philox_join(key0_lo, key0_hi), k1 = philox_join(key1_lo, key1_hi);
   CUDA_KERNEL_LOOP(b, blocks) {
     const philox_block block = philox_stream_block(philox_join(counter_lo, counter_hi), b, k0, k1);
-    const int first = 8 * b, last = min(first + 8, count);
-    for (int j = first; j < last; ++j) {
-      out[j] = philox_uint32_of(block, j);
-    }
+    PHILOX_FOR_EACH_NUMBER(j, k, b, count) { out[j] = philox_uint32_of(block, k); }
   }
 }
 
@@ -88,10 +95,7 @@ PCD_KERNEL void philox_uniform(const int blocks, const int count, const unsigned
   const philox_u64 k0 = philox_join(key0_lo, key0_hi), k1 = philox_join(key1_lo, key1_hi);
   CUDA_KERNEL_LOOP(b, blocks) {
     const philox_block block = philox_stream_block(philox_join(counter_lo, counter_hi), b, k0, k1);
-    const int first = 8 * b, last = min(first + 8, count);
-    for (int j = first; j < last; ++j) {
-      out[j] = philox_float_of(philox_uint32_of(block, j));
-    }
+    PHILOX_FOR_EACH_NUMBER(j, k, b, count) { out[j] = philox_float_of(philox_uint32_of(block, k)); }
   }
 }
 
@@ -105,9 +109,8 @@ PCD_KERNEL void dropout_philox_forward(const int blocks, const int count, const 
   const philox_u64 k0 = philox_join(key0_lo, key0_hi), k1 = philox_join(key1_lo, key1_hi);
   CUDA_KERNEL_LOOP(b, blocks) {
     const philox_block block = philox_stream_block(philox_join(counter_lo, counter_hi), b, k0, k1);
-    const int first = 8 * b, last = min(first + 8, count);
-    for (int j = first; j < last; ++j) {
-      const float u = philox_float_of(philox_uint32_of(block, j));
+    PHILOX_FOR_EACH_NUMBER(j, k, b, count) {
+      const float u = philox_float_of(philox_uint32_of(block, k));
       rand[j] = u;
       y[j] = x[j] * (u < keep ? scale : 0.0f);
     }
