@@ -1,7 +1,10 @@
 """Process-wide state, as Caffe's `Caffe` singleton holds it: mode (CPU/GPU), device and the random stream."""
 import numpy as np
 
-_state = {"mode": "cpu", "device": 0, "rng": np.random.default_rng(), "data_shard": (0, 1)}
+# seed: the last set_random_seed's (None: never seeded, draws come from fresh entropy); seed_version: how many times
+# it was called, so that the layers' random streams (random_stream.py) restart at every reseeding.
+_state = {"mode": "cpu", "device": 0, "rng": np.random.default_rng(), "seed": None, "seed_version": 0,
+          "data_shard": (0, 1)}
 
 
 def set_mode_cpu():
@@ -25,12 +28,25 @@ def device():
 
 
 def set_random_seed(seed):
-    """Seed every random choice we make (fillers, dropout, shuffling); like caffe.set_random_seed."""
+    """Seed every random choice we make (fillers, dropout, shuffling); like caffe.set_random_seed. The layers that
+    draw at every forward (Dropout, stochastic pooling) restart their streams from this seed (random_stream.py)."""
     _state["rng"] = np.random.default_rng(int(seed))
+    _state["seed"] = int(seed)
+    _state["seed_version"] += 1
 
 
 def rng():
     return _state["rng"]
+
+
+def random_seed():
+    """The seed last given to set_random_seed, or None when the process was never seeded."""
+    return _state["seed"]
+
+
+def random_seed_version():
+    """A number that changes at every set_random_seed."""
+    return _state["seed_version"]
 
 
 def set_data_shard(index, count):

@@ -17,7 +17,7 @@ GENERATED = {"proto/caffe_pb2.py"}
 # Bottom up; a module may import from its own floor and the floors below it. The backend (devices, kernels) sits
 # below the blob because a blob's SyncedMemory holds a device copy, as Caffe's SyncedMemory calls CUDA.
 FLOORS = [
-    {"errors", "proto", "common", "libm", "_kernels"},
+    {"errors", "proto", "common", "random_stream", "libm", "_kernels"},
     {"backend"},
     {"blob"},
     {"data"},

@@ -236,9 +236,9 @@ PCD_KERNEL void log_backward(const int n, const float* x, const float* dy, const
 
 // --- Dropout ------------------------------------------------------------------------------------------------------
 
-// y = x * (rand < keep ? scale : 0): the forward (x = bottom data) and the backward (x = top diff) with the same
-// uniform draws in [0, 1). Caffe draws unsigned integers with curand and compares them with a threshold; the layer
-// draws on the host with the CPU path's generator and calls instead, so both paths drop the same units.
+// y = x * (rand < keep ? scale : 0) with uniform draws in [0, 1): Dropout's backward (x = top diff) with the draws
+// its forward made and kept (dropout_philox_forward in random.cu). Caffe draws unsigned integers with curand and
+// compares them with a threshold; the layer draws the CPU path's numbers instead, so both paths drop the same units.
 PCD_KERNEL void dropout_apply(const int n, const float* x, const float* rand, const float keep, const float scale,
                               float* y) {
   CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] * (rand[i] < keep ? scale : 0.0f); }

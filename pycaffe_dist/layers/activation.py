@@ -19,6 +19,7 @@ import numpy as np
 
 from ..backend import neuron, select
 from ..proto import caffe_pb2
+from ..random_stream import RandomStream
 from .base import Layer
 from .registry import register
 
@@ -417,8 +418,13 @@ class ThresholdLayer(NeuronLayer):
 
 @register("Dropout")
 class DropoutLayer(NeuronLayer):
-    """TRAIN: y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) drawn with common.rng() at every forward and
-    reused by the backward. TEST: y = x (dropout_layer.cpp; BVLC Caffe has no scale_train option)."""
+    """TRAIN: y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) drawn at every forward and reused by the
+    backward. TEST: y = x (dropout_layer.cpp; BVLC Caffe has no scale_train option).
+
+    The mask is `uniform < 1 - ratio` over float32 uniforms from the layer's own counter-based stream
+    (random_stream.py: numpy's Philox, keyed by the seed and the layer's name): the CPU code draws them with numpy,
+    the GPU code inside its kernel (csrc/cuda/random.cu dropout_philox_forward), the same numbers for the same
+    seed, with nothing uploaded. Both keep the draws (Caffe's rand_vec_) for the backward."""
 
     def neuron_setup(self, bottom, top):
         ratio = self.param.dropout_param.dropout_ratio
@@ -426,6 +432,7 @@ class DropoutLayer(NeuronLayer):
         self.check(0.0 <= ratio < 1.0, "dropout_ratio must be in [0, 1), got %g" % ratio)
         self.threshold = ratio
         self.scale = 1.0 / (1.0 - ratio)
+        self.random_stream = RandomStream(self.name)
 
     def flops(self, bottom, top):
         # TRAIN: draw the mask, compare, multiply; TEST: a copy.
@@ -433,8 +440,7 @@ class DropoutLayer(NeuronLayer):
 
     def compute(self, x, y):
         if self.phase == caffe_pb2.TRAIN:
-            rand = self.buffer("rand", x.shape)      # Caffe's rand_vec_, as uniform draws (float32)
-            self.rng.random(out=rand, dtype=np.float32)
+            rand = self.random_stream.uniform(self.buffer("rand", x.shape))    # Caffe's rand_vec_, as uniforms
             neuron.dropout(x, rand.reshape(-1), y, 1.0 - self.threshold, self.scale)
         elif y is not x:
             np.copyto(y, x)
@@ -447,15 +453,11 @@ class DropoutLayer(NeuronLayer):
 
     def compute_gpu(self, dev, x, y):
         if self.phase == caffe_pb2.TRAIN:
-            # Caffe draws the mask with curand; the draws come from the CPU path's generator and calls instead
-            # (common.rng(), float32 uniforms, one per element in memory order), uploaded, so that both paths drop
-            # the same units for the same seed. The host draws stay in the host buffer "rand", as the CPU code
-            # keeps them.
-            rand = self.buffer("rand", x.size)
-            self.rng.random(out=rand, dtype=np.float32)
-            rand_gpu = self.buffer("rand", x.size, device=True)
-            dev.upload(rand_gpu, rand)
-            dev.launch("dropout_apply", x.size, x, rand_gpu, 1.0 - self.threshold, self.scale, y)
+            # Caffe draws the mask with curand; the kernel computes the CPU code's numbers (the same stream) and
+            # keeps them in the device buffer "rand" for the backward.
+            rand = self.buffer("rand", x.size, device=True)
+            dev.launch("dropout_philox_forward", *self.random_stream.kernel_arguments(x.size), x,
+                       1.0 - self.threshold, self.scale, rand, y)
         elif y.ptr != x.ptr:
             dev.copy(y, x)
 

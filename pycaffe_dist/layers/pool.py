@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 
-from .. import common
 from ..backend import pooling, select
 from ..proto import caffe_pb2
+from ..random_stream import RandomStream
 from .base import Layer
 from .registry import register
 
@@ -33,15 +33,18 @@ def pooled_shape(sizes, kernel, stride, pad, ceil_mode=True):
                  for s, k, st, p in zip(sizes, kernel, stride, pad))
 
 
-def pool_forward(pool, train, x, y, index, kernel, stride, pad):
-    """Pool x into y; MAX and STOCHASTIC (TRAIN) also write each window's chosen position into `index`."""
+def pool_forward(pool, train, x, y, index, kernel, stride, pad, random_stream=None):
+    """Pool x into y; MAX and STOCHASTIC (TRAIN) also write each window's chosen position into `index`.
+    random_stream: the layer's RandomStream, which STOCHASTIC TRAIN draws from."""
     if pool == PP.MAX:
         pooling.max_forward(x, y, index, kernel, stride, pad)
     elif pool == PP.AVE:
         pooling.ave_forward(x, y, kernel, stride, pad)
     elif train:
-        # Caffe's GPU StoPoolForwardTrain: one uniform draw per output (its CPU aborts "Not Implemented Yet").
-        pooling.stochastic_forward(x, y, index, kernel, stride, common.rng().random(y.shape, dtype=x.dtype))
+        # Caffe's GPU StoPoolForwardTrain: one uniform draw per output (its CPU aborts "Not Implemented Yet"). The
+        # draws are float32, as on the device, also for double blobs.
+        uniform = random_stream.uniform(np.empty(y.shape, np.float32))
+        pooling.stochastic_forward(x, y, index, kernel, stride, uniform.astype(x.dtype, copy=False))
     else:
         pooling.stochastic_forward_test(x, y, kernel, stride)
 
@@ -66,7 +69,8 @@ def _gpu_geometry(shape, pooled, kernel, stride):
 
 def gpu_pool_forward(layer, dev, pool, train, x, y, index, shape, pooled, kernel, stride, pad):
     """pool_forward on device arrays: x (N, C, H, W) of `shape` into y (N, C, *pooled); MAX and STOCHASTIC TRAIN
-    write the chosen positions into `index` (an int32 device array shaped like y); `layer` keeps the draws."""
+    write the chosen positions into `index` (an int32 device array shaped like y); `layer` keeps the draws and
+    owns their stream (random_stream)."""
     n = shape[0] * shape[1] * pooled[0] * pooled[1]
     geometry = _gpu_geometry(shape, pooled, kernel, stride)
     if pool == PP.MAX:
@@ -74,11 +78,10 @@ def gpu_pool_forward(layer, dev, pool, train, x, y, index, shape, pooled, kernel
     elif pool == PP.AVE:
         dev.launch("pool_ave_forward", n, x, *geometry, *pad, y)
     elif train:
-        # Caffe draws with curand; we draw on the host with the CPU path's generator and calls, so that GPU and
-        # CPU pick the same inputs for the same seed.
-        uniform = common.rng().random((shape[0], shape[1]) + tuple(pooled), dtype=np.float32)
+        # Caffe draws with curand; we draw the CPU path's numbers (the layer's stream) on the device, so that GPU
+        # and CPU pick the same inputs for the same seed with nothing uploaded.
         draws = layer.buffer("uniform", n, device=True, at_least=True)
-        dev.upload(draws.at(0, n), uniform)
+        layer.random_stream.uniform_gpu(dev, draws, n)
         dev.launch("pool_stochastic_forward_train", n, x, draws, *geometry, y, index)
     else:
         dev.launch("pool_stochastic_forward_test", n, x, *geometry, y)
@@ -116,6 +119,7 @@ class PoolingLayer(Layer):
     def layer_setup(self, bottom, top):
         pp = self.param.pooling_param
         has = pp.HasField
+        self.random_stream = RandomStream(self.name)   # STOCHASTIC TRAIN's draws (keyed at the first one)
         self.global_pooling = pp.global_pooling
         self.ceil_mode = pp.round_mode == PP.CEIL
         if self.global_pooling:
@@ -172,7 +176,7 @@ class PoolingLayer(Layer):
     def forward(self, bottom, top):
         pool = self.param.pooling_param.pool
         pool_forward(pool, self.phase == caffe_pb2.TRAIN, bottom[0].data, top[0].data, self.index, self.kernel,
-                     self.stride, self.pad)
+                     self.stride, self.pad, self.random_stream)
         if len(top) > 1:
             top[1].data[...] = self.index   # Caffe's mask top: the positions as floats
 
@@ -239,6 +243,7 @@ class SPPLayer(Layer):
     def layer_setup(self, bottom, top):
         sp = self.param.spp_param
         self.pyramid_height = sp.pyramid_height
+        self.random_stream = RandomStream(self.name)   # STOCHASTIC's draws, level after level
         # Caffe concatenates the levels; with no level its Concat layer has no bottom and fails.
         self.check(self.pyramid_height >= 1, "pyramid_height must be at least 1")
 
@@ -275,11 +280,12 @@ class SPPLayer(Layer):
         pool, x = self.param.spp_param.pool, bottom[0].data
         if self.pyramid_height == 1:
             kernel, stride, pad, _ = self.levels[0]
-            pool_forward(pool, self.train, x, top[0].data, self.level_outputs[0][1], kernel, stride, pad)
+            pool_forward(pool, self.train, x, top[0].data, self.level_outputs[0][1], kernel, stride, pad,
+                         self.random_stream)
             return
         offset = 0
         for (kernel, stride, pad, _), (y, index) in zip(self.levels, self.level_outputs):
-            pool_forward(pool, self.train, x, y, index, kernel, stride, pad)
+            pool_forward(pool, self.train, x, y, index, kernel, stride, pad, self.random_stream)
             size = y.shape[1] * y.shape[2] * y.shape[3]
             top[0].data[:, offset:offset + size] = y.reshape(y.shape[0], size)
             offset += size

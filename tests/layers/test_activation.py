@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from pycaffe_dist import common
+from pycaffe_dist import common, random_stream
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.layers import create_layer
 from pycaffe_dist.blob.blob import Blob
@@ -290,14 +290,55 @@ def test_dropout_train_mask_and_scale(ratio):
     assert abs((1 - kept.mean()) - ratio) < 4 * std_error
 
 
-def test_dropout_draws_from_common_rng():
+def _philox_uniforms(seed, name, counter, count):
+    """numpy's Philox draws of the stream `name` under `seed` (random_stream.py), from `counter`."""
+    key = random_stream.seeded_key(seed, name)
+    return np.random.Generator(np.random.Philox(key=key, counter=counter)).random(count, dtype=np.float32)
+
+
+def test_dropout_mask_is_numpys_philox_stream_of_the_seed_and_the_layer():
+    """The mask is uniform < 1 - ratio over the layer's Philox stream; each forward moves the counter past the
+    blocks (8 draws each) the previous one used."""
+    x = np.ones((3, 1001), np.float32)
+    common.set_random_seed(9)
+    layer, first, _ = run('name: "drop7" type: "Dropout" dropout_param { dropout_ratio: 0.3 }', x)
+    keep = np.float32(1 - np.float32(0.3))
+    expected = _philox_uniforms(9, "drop7", 0, x.size).reshape(x.shape) < keep
+    np.testing.assert_array_equal(first != 0, expected)
+    bottom, top = Blob(x.shape), Blob()
+    bottom.data[...] = x
+    layer.reshape([bottom], [top])
+    layer.forward([bottom], [top])
+    expected = _philox_uniforms(9, "drop7", random_stream.blocks_for(x.size), x.size).reshape(x.shape) < keep
+    np.testing.assert_array_equal(top.data != 0, expected)
+    assert (expected != (first != 0)).any()                  # the stream moved on: a new mask
+
+
+def test_dropout_masks_by_seed_and_layer_name():
+    """Reseeding restarts the layer's stream (the same mask again); a layer of the same name draws the same mask
+    after the same seed, another layer or another seed another mask."""
     x = np.ones((3, 1000), np.float32)
     common.set_random_seed(9)
-    _, first, _ = run('type: "Dropout"', x)
-    _, second, _ = run('type: "Dropout"', x)
-    assert (second != first).any()                          # the stream moved on: a new mask
+    layer, first, _ = run('type: "Dropout"', x)
     common.set_random_seed(9)
-    np.testing.assert_array_equal(run('type: "Dropout"', x)[1], first)     # same seed, same mask
+    np.testing.assert_array_equal(run('type: "Dropout"', x)[1], first)
+    np.testing.assert_array_equal(run('type: "Dropout"', x, seed=9)[1], first)
+    assert (run('name: "drop2" type: "Dropout"', x, seed=9)[1] != first).any()
+    assert (run('type: "Dropout"', x, seed=10)[1] != first).any()
+
+
+def test_dropout_without_a_seed_draws_its_key_from_common_rng(monkeypatch):
+    """Never seeded, the stream's key comes from common.rng() (fresh entropy), as the draws did before."""
+    monkeypatch.setattr(common, "random_seed", lambda: None)
+    x = np.ones((2, 500), np.float32)
+    masks = []
+    for _ in range(2):
+        monkeypatch.setattr(common, "rng", lambda generator=np.random.default_rng(4): generator)
+        masks.append(run('type: "Dropout"', x)[1])
+    np.testing.assert_array_equal(masks[1], masks[0])      # the same common.rng() state, the same key
+    key = int.from_bytes(np.random.default_rng(4).bytes(16), "little")
+    uniforms = np.random.Generator(np.random.Philox(key=key)).random(x.size, dtype=np.float32).reshape(x.shape)
+    np.testing.assert_array_equal(masks[0] != 0, uniforms < np.float32(0.5))
 
 
 def test_dropout_ratio_zero_keeps_everything():
