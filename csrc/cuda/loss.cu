@@ -1,8 +1,9 @@
-// SigmoidCrossEntropyLoss and Accuracy, after Caffe's src/caffe/layers/sigmoid_cross_entropy_loss_layer.cu
-// (SigmoidCrossEntropyLossForwardGPU, SigmoidCrossEntropyLossIgnoreDiffGPU) and accuracy_layer.cu
-// (AccuracyForwardGPU, AccuracyForwardWithPerClassGPU). Per-position values go to arrays that the layer then
-// reduces on the device (asum, or a GEMV against ones); only the scalars come to the host. Labels and targets are
-// floats read as static_cast<int> where an integer is meant. (EuclideanLoss needs only math.cu's kernels.)
+// SigmoidCrossEntropyLoss, Accuracy and ContrastiveLoss, after Caffe's src/caffe/layers/
+// sigmoid_cross_entropy_loss_layer.cu (SigmoidCrossEntropyLossForwardGPU, SigmoidCrossEntropyLossIgnoreDiffGPU),
+// accuracy_layer.cu (AccuracyForwardGPU, AccuracyForwardWithPerClassGPU) and contrastive_loss_layer.cu
+// (CLLBackward). Per-position values go to arrays that the layer then reduces on the device (asum, or a GEMV against
+// ones); only the scalars come to the host. Labels and targets are floats read as static_cast<int> where an integer
+// is meant. (EuclideanLoss needs only math.cu's kernels.)
 #include "common.cuh"
 
 // term = x (t - (x >= 0)) - log(1 + exp(x - 2 x (x >= 0))), the overflow-free log-likelihood (the loss is minus
@@ -72,5 +73,52 @@ PCD_KERNEL void accuracy_per_class(const int n, const float* label, const float*
     const int mine = counts[p] > 0 && static_cast<int>(label[p]) == l;
     hits[index] = mine ? correct[p] : 0.0f;
     seen[index] = mine ? 1.0f : 0.0f;
+  }
+}
+
+// --- ContrastiveLoss ----------------------------------------------------------------------------------------------
+
+// Per pair p (n = num): dist_sq = the sum over the channels of diff^2 (diff = a - b, from gpu_sub), which
+// contrastive_loss_layer.cu gets from powx and a GEMV with ones; one thread sums its pair's row in order. terms:
+// the pair's share of the loss, dist_sq for a similar pair (static_cast<int>(y) != 0), else max(margin - dist, 0)^2
+// or, legacy_version, max(margin - dist_sq, 0) (Caffe adds these up on the host; the layer sums terms on the device).
+PCD_KERNEL void contrastive_loss_forward(const int n, const int channels, const float* diff, const float* y,
+                                         const float margin, const int legacy_version, float* dist_sq,
+                                         float* terms) {
+  CUDA_KERNEL_LOOP(p, n) {
+    const float* d = diff + p * channels;
+    float sum = 0;
+    for (int c = 0; c < channels; ++c) sum += d[c] * d[c];
+    dist_sq[p] = sum;
+    if (static_cast<int>(y[p])) {
+      terms[p] = sum;
+    } else if (legacy_version) {
+      const float m = margin - sum;
+      terms[p] = m > 0 ? m : 0.0f;
+    } else {
+      const float m = margin - sqrtf(sum);
+      terms[p] = m > 0 ? m * m : 0.0f;
+    }
+  }
+}
+
+// d(loss)/d(a) (alpha = loss_weight / num) or d/d(b) (alpha = -loss_weight / num), one thread per value (n = count):
+// alpha * diff for a similar pair; for a dissimilar pair within the margin -alpha * diff (legacy_version) or
+// -alpha * (margin - dist) / (dist + 1e-4) * diff, else 0. CLLBackward writes -alpha without the factor diff in the
+// legacy case, unlike contrastive_loss_layer.cpp and the loss's derivative; we follow the CPU code.
+PCD_KERNEL void contrastive_loss_backward(const int n, const int channels, const float margin,
+                                          const int legacy_version, const float alpha, const float* y,
+                                          const float* diff, const float* dist_sq, float* dx) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int p = i / channels;
+    if (static_cast<int>(y[p])) {
+      dx[i] = alpha * diff[i];
+    } else if (legacy_version) {
+      dx[i] = margin - dist_sq[p] > 0 ? -alpha * diff[i] : 0.0f;
+    } else {
+      const float dist = sqrtf(dist_sq[p]);
+      const float mdist = margin - dist;
+      dx[i] = mdist > 0 ? -alpha * mdist / (dist + 1e-4f) * diff[i] : 0.0f;
+    }
   }
 }

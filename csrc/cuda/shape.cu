@@ -1,6 +1,7 @@
 // Kernels of the shape layers (pycaffe_dist/layers/shape.py) that math.cu's element-wise ones and BLAS do not cover:
-// Crop, Tile, Eltwise MAX, and the broadcast of Bias and Scale, one thread per output element as in Caffe's
-// src/caffe/layers/{crop,tile,eltwise,bias,scale}_layer.cu. (Concat and Slice use math.cu's gpu_copy_rows.)
+// Crop, Tile, Eltwise MAX, the broadcast of Bias and Scale, BatchReindex and Filter, one thread per output element
+// as in Caffe's src/caffe/layers/{crop,tile,eltwise,bias,scale,batch_reindex,filter}_layer.cu. (Concat and Slice use
+// math.cu's gpu_copy_rows.)
 #include "common.cuh"
 
 // --- Crop ---------------------------------------------------------------------------------------------------------
@@ -88,5 +89,41 @@ PCD_KERNEL void scale_bias_forward(const int n, const float* x, const float* sca
   CUDA_KERNEL_LOOP(i, n) {
     const int c = (i / inner) % dim;
     y[i] = x[i] * scale[c] + bias[c];
+  }
+}
+
+// --- BatchReindex, Filter ----------------------------------------------------------------------------------------
+
+// y row r = x row permut[r], rows of `inner` values; permut holds floats read as static_cast<int>, checked in range
+// by the layer on the host (batch_reindex_layer.cu's BRForward).
+PCD_KERNEL void batch_reindex_forward(const int n, const int inner, const float* x, const float* permut, float* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = x[static_cast<int>(permut[i / inner]) * inner + i % inner]; }
+}
+
+// dx row b = the sum of the dy rows that picked b, in ascending order: they are top_indexes[begins[b]] ..
+// top_indexes[begins[b] + counts[b] - 1] (batch_reindex_layer.cu's BRBackward). One thread per dx value, so no
+// atomics and the same sum at every run; a row no one picked gets 0.
+PCD_KERNEL void batch_reindex_backward(const int n, const int inner, const float* dy, const int* top_indexes,
+                                       const int* begins, const int* counts, float* dx) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int b = i / inner, j = i % inner;
+    float sum = 0;
+    for (int k = begins[b]; k < begins[b] + counts[b]; ++k) sum += dy[top_indexes[k] * inner + j];
+    dx[i] = sum;
+  }
+}
+
+// y row r = x row rows[r]: Filter's forward of the selected items (filter_layer.cu copies them one caffe_copy per
+// item; one launch does them all).
+PCD_KERNEL void filter_forward(const int n, const int inner, const float* x, const int* rows, float* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = x[rows[i / inner] * inner + i % inner]; }
+}
+
+// dx row b = dy row top_rows[b] where item b was forwarded, else 0 (top_rows[b] = -1), as filter_layer.cu's
+// Backward_gpu; n = dx's count.
+PCD_KERNEL void filter_backward(const int n, const int inner, const float* dy, const int* top_rows, float* dx) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int r = top_rows[i / inner];
+    dx[i] = r >= 0 ? dy[r * inner + i % inner] : 0.0f;
   }
 }

@@ -367,13 +367,26 @@ class HDF5DataLayer(_SourceLayer):
             blob.reshape(shape)
 
     def forward(self, bottom, top):
+        self.next_batch([blob.data for blob in top])
+
+    def forward_gpu(self, bottom, top):
+        # hdf5_data_layer.cu: the rows are read on the host and copied into the tops' device memory (Caffe copies
+        # row by row; the batch is gathered on the host first and goes in one upload per top)
+        batches = [self.buffer("batch %d" % i, blob.shape) for i, blob in enumerate(top)]
+        self.next_batch(batches)
+        dev = select.current()
+        for blob, batch in zip(top, batches):
+            dev.upload(blob.mutable_gpu_data, batch)
+
+    def next_batch(self, outs):
+        """Fill the arrays `outs` (one per top, of the tops' shapes) with the next batch_size rows."""
         batch, filled = self.shapes[0][0], 0
         index, count = self.shard()
         while filled < batch:
             ahead = self.rows[self.row_pos:]
             keep = np.flatnonzero((self.offset + np.arange(len(ahead))) % count == index)[:batch - filled]
-            for blob, array in zip(top, self.arrays):
-                blob.data[filled:filled + len(keep)] = array[ahead[keep]]
+            for out, array in zip(outs, self.arrays):
+                out[filled:filled + len(keep)] = array[ahead[keep]]
             filled += len(keep)
             passed = keep[-1] + 1 if filled == batch else len(ahead)
             self.row_pos += passed

@@ -401,7 +401,9 @@ class ContrastiveLossLayer(LossLayer):
     """Bottoms: a (N, C, 1, 1), b (N, C, 1, 1), similarity y (N, 1, 1, 1) (contrastive_loss_layer.cpp).
 
     forward: sum over pairs of d^2 (similar) or max(margin - d, 0)^2 (dissimilar; legacy: max(margin - d^2, 0)),
-    / N / 2; backward into a and b (opposite signs), nothing into y (Caffe ignores propagate_down[2])."""
+    / N / 2; backward into a and b (opposite signs), nothing into y (Caffe ignores propagate_down[2]).
+    GPU code: contrastive_loss_layer.cu's, with csrc/cuda/loss.cu's kernels (its legacy gradient as the CPU code's:
+    README, Where we differ from Caffe)."""
     exact_num_bottom = 3
 
     def layer_setup(self, bottom, top):
@@ -447,6 +449,31 @@ class ContrastiveLossLayer(LossLayer):
                 beta = -alpha * mdist / (dist + dtype(1e-4))   # Caffe's epsilon against d = 0
             coeff = np.where(self._similar, alpha, np.where(mdist > 0, beta, 0))
             np.multiply(self._diff, coeff[:, None], out=bottom[i].diff.reshape(num, -1))
+
+    def forward_gpu(self, bottom, top):
+        # contrastive_loss_layer.cu: diff_ = a - b and the squared distances on the device; the per-pair loss terms
+        # are summed there too, so only the loss comes to the host (Caffe reads dist_sq_ back and sums on the host).
+        dev = select.current()
+        num, count = bottom[0].shape[0], bottom[0].count
+        diff = self.buffer("diff", count, device=True)
+        pairs = self.buffer("pairs", 2 * num, device=True, at_least=True)    # dist_sq_, then the loss terms
+        dev.launch("gpu_sub", count, bottom[0].gpu_data, bottom[1].gpu_data, diff)
+        dev.launch("contrastive_loss_forward", num, count // max(num, 1), diff, bottom[2].gpu_data,
+                   float(np.float32(self.margin)), int(self.legacy_version), pairs.at(0, num), pairs.at(num, num))
+        loss = np.float32(dev.asum(num, pairs.at(num, num)) if num else 0)    # every term is >= 0
+        top[0].data[...] = loss / np.float32(num) / np.float32(2)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        dev = select.current()
+        num, count = bottom[0].shape[0], bottom[0].count
+        diff = self.buffer("diff", count, device=True)
+        dist_sq = self.buffer("pairs", 2 * num, device=True, at_least=True).at(0, num)
+        for i, sign in ((0, 1), (1, -1)):
+            if propagate_down[i]:
+                alpha = sign * np.float32(top[0].cpu_diff[()]) / np.float32(num)
+                dev.launch("contrastive_loss_backward", count, count // max(num, 1), float(np.float32(self.margin)),
+                           int(self.legacy_version), float(alpha), bottom[2].gpu_data, diff, dist_sq,
+                           bottom[i].mutable_gpu_diff)
 
     def allow_force_backward(self, bottom_index):
         # contrastive_loss_layer.hpp: both feature bottoms get a gradient, the similarity label does not.

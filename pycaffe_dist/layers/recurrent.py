@@ -11,9 +11,14 @@ with H = num_output, K = prod(x.shape[2:]) and K_static = prod(x_static.shape[1:
 Caffe's quirks kept: without expose_hidden the state carries over between forward passes (h_0 = the last h_T;
 cont = 0 at t = 0 resets it); with expose_hidden, h_0 / c_0 are read but get no gradient and the diffs of the
 h_T / c_T tops are ignored ("we can't backpropagate across batches").
+
+On the GPU path the unrolled net runs its layers' GPU code (LSTMUnit's kernels are csrc/cuda/recurrent.cu, after
+lstm_unit_layer.cu) on device memory shared with the layer's bottoms and tops, as Caffe's RecurrentLayer::Forward_gpu
+runs unrolled_net_->ForwardTo: nothing crosses to the host but the loss weight's scalar.
 """
 import numpy as np
 
+from ..backend import select
 from ..blob.blob import count
 from ..proto import caffe_pb2
 from .base import Layer, check_param_shapes
@@ -206,6 +211,13 @@ class _RecurrentLayer(Layer):
         self.unrolled_net.reshape()
 
     def forward(self, bottom, top):
+        self._forward(bottom, top, gpu=False)
+
+    def forward_gpu(self, bottom, top):
+        self._forward(bottom, top, gpu=True)
+
+    def _forward(self, bottom, top, gpu):
+        """Caffe's RecurrentLayer::Forward_cpu / Forward_gpu: the unrolled net runs on the same path (`gpu`)."""
         self._bind_params()
         for blob, b in zip(self.input_blobs, bottom):
             blob.share_data(b)
@@ -218,25 +230,39 @@ class _RecurrentLayer(Layer):
                 blob.share_data(b)
         else:
             for blob_0, blob_T in zip(self.recur_input_blobs, self.recur_output_blobs):
-                blob_0.data[...] = blob_T.data    # the state carries over from the previous forward pass
-        self.unrolled_net.forward_from_to(0, self.last_layer)
+                # the state carries over from the previous forward pass (recurrent_layer.cu: caffe_copy on the
+                # device)
+                if gpu:
+                    select.current().copy(blob_0.mutable_gpu_data, blob_T.gpu_data)
+                else:
+                    blob_0.data[...] = blob_T.data
+        self.unrolled_net.forward_from_to(0, self.last_layer, gpu=gpu)
         # top[0] shares the output blob's data and diff, after the forward: with one time step the output Concat
         # shares h_1's memory only then. The final states share their data only; their diffs are not used.
         top[0].share_data(self.output_blob)
         top[0].share_diff(self.output_blob)
         if self.loss_weights[0]:
-            top[0].diff[...] = self.loss_weights[0]
+            if gpu:
+                select.current().fill(top[0].mutable_gpu_diff, self.loss_weights[0])
+            else:
+                top[0].diff[...] = self.loss_weights[0]
         for t, blob in zip(top[1:], self.recur_output_blobs):
             t.share_data(blob)
 
     def backward(self, top, propagate_down, bottom):
+        self._backward(top, propagate_down, bottom, gpu=False)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        self._backward(top, propagate_down, bottom, gpu=True)
+
+    def _backward(self, top, propagate_down, bottom, gpu):
         # Caffe backpropagates into x / x_static and every param unconditionally; we skip what is not asked for.
         net = self.unrolled_net
         for layer_id, i in zip(self.input_transforms, (0, 2)):
             net.bottom_need_backward[layer_id][0] = propagate_down[i]
         for layer, p, k in self.param_slots:
             layer.param_propagate_down[p] = self.param_propagate_down[k]
-        net.backward_from_to(self.last_layer, 0)
+        net.backward_from_to(self.last_layer, 0, gpu=gpu)
 
     def input_transform_names(self):
         return ["x_transform"] + ([self.static_transform_name] if self.static_input else [])
@@ -380,6 +406,24 @@ class LSTMUnitLayer(Layer):
             x_diff[:, 1] = c_term * bottom[0].data[0] * f * (1 - f)
             x_diff[:, 2] = h_diff * tanh_c * o * (1 - o)
             x_diff[:, 3] = c_term * i * (1 - g * g)
+
+    def forward_gpu(self, bottom, top):
+        # lstm_unit_layer.cu's LSTMActsForward and LSTMUnitForward in one kernel, one thread per hidden unit
+        select.current().launch("lstm_unit_forward", top[0].count, self.hidden_dim, bottom[0].gpu_data,
+                                bottom[1].gpu_data, bottom[2].gpu_data, top[0].mutable_gpu_data,
+                                top[1].mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        self.check(not propagate_down[2], "Cannot backpropagate to sequence indicators.")
+        if not (propagate_down[0] or propagate_down[1]):
+            return
+        # LSTMUnitBackward and LSTMActsBackward in one kernel; a bottom not asked for is passed read-only and not
+        # written
+        c_prev_diff, x_diff = (b.mutable_gpu_diff if down else b.gpu_diff
+                               for b, down in zip(bottom[:2], propagate_down[:2]))
+        select.current().launch("lstm_unit_backward", top[0].count, self.hidden_dim, bottom[0].gpu_data,
+                                bottom[1].gpu_data, bottom[2].gpu_data, top[0].gpu_data, top[0].gpu_diff,
+                                top[1].gpu_diff, int(propagate_down[0]), int(propagate_down[1]), c_prev_diff, x_diff)
 
     def flops(self, bottom, top):
         # per unit: 3 sigmoids + 2 tanh (counted 4 each), c = cont*f*c_prev + i*g (4), h = o*tanh(c) (1)

@@ -1,10 +1,11 @@
 """Layers that reduce the values of a blob along its axes: Reduction (SUM, ASUM, SUMSQ or MEAN over the axes from
 one on) and ArgMax (the top k values, or their positions, along an axis or per item).
 
-CPU code only: the Net runs them on the host copies on the GPU path too (Caffe's Reduction has GPU code; its ArgMax
-has none)."""
+Reduction has GPU code (csrc/cuda/reduction.cu, after Caffe's reduction_layer.cu); ArgMax has none, as in Caffe: the
+Net runs its CPU code on the host copies on the GPU path."""
 import numpy as np
 
+from ..backend import select
 from ..proto import caffe_pb2
 from .base import Layer, checked_axis
 from .registry import register
@@ -73,6 +74,12 @@ class ArgMaxLayer(Layer):
         return bottom[0].count * self.top_k     # partial sort: about one comparison per value and per k
 
 
+# Values one thread of reduction_sum_parts adds up per pass: slices longer than this are cut into strided parts, summed
+# by one thread each, and those sums summed again, so that a long slice (axis 0: the whole blob) is reduced by many
+# threads at once and in a fixed order.
+REDUCTION_PART = 256
+
+
 @register("Reduction")
 class ReductionLayer(Layer):
     """SUM, ASUM, SUMSQ or MEAN over all axes from reduction_param.axis on; top shape = bottom shape up to the
@@ -118,6 +125,28 @@ class ReductionLayer(Layer):
             np.multiply(x, 2 * coeff, out=diff)
         else:
             diff[...] = coeff
+
+    def forward_gpu(self, bottom, top):
+        dev = select.current()
+        num, dim = self.dims
+        x, op, scratch = bottom[0].gpu_data, self.op, 0
+        while True:
+            parts = -(-dim // REDUCTION_PART)
+            if parts <= 1:       # the last pass: whole slices, times coeff (/ dim for MEAN), into the top
+                dev.launch("reduction_sum_parts", num, dim, 1, op, float(self.scale), x, top[0].mutable_gpu_data)
+                return
+            # the slices' parts into one of two scratch arrays (a pass reads the other): one slice of `parts` sums
+            # per slice, the input of the next pass, which adds them as they are (SUM)
+            y = self.buffer("parts %d" % scratch, num * parts, device=True, at_least=True)
+            dev.launch("reduction_sum_parts", num * parts, dim, parts, op, 1.0, x, y)
+            x, dim, op, scratch = y, parts, caffe_pb2.ReductionParameter.SUM, 1 - scratch
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        # reduction_layer.cu sets, signs or scales one slice at a time; one thread per bottom value here
+        select.current().launch("reduction_backward", bottom[0].count, self.dims[1], self.op, float(self.scale),
+                                bottom[0].gpu_data, top[0].gpu_diff, bottom[0].mutable_gpu_diff)
 
     def flops(self, bottom, top):
         R = caffe_pb2.ReductionParameter

@@ -2,8 +2,9 @@
 Tile, Silence, BatchReindex, Filter, Parameter. Arithmetic between blobs is in arithmetic.py, reductions in
 reduction.py.
 
-GPU code (Split, Concat, Slice, Crop, Tile, Silence) mirrors Caffe's *_layer.cu with the kernels of
-csrc/cuda/shape.cu and math.cu; Flatten and Reshape share memory either way."""
+GPU code (Split, Concat, Slice, Crop, Tile, Silence, BatchReindex, Filter) mirrors Caffe's *_layer.cu with the
+kernels of csrc/cuda/shape.cu and math.cu; Flatten and Reshape share memory either way, so their GPU code moves
+nothing, on the device as on the host."""
 import numpy as np
 
 from ..backend import select
@@ -277,6 +278,11 @@ class FlattenLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         pass     # the top's diff is the bottom's diff
 
+    def forward_gpu(self, bottom, top):
+        _share_gpu(self, top, bottom[0])    # the device copy is shared too: no copy, no kernel
+
+    backward_gpu = backward
+
 
 @register("Reshape")
 class ReshapeLayer(Layer):
@@ -329,6 +335,11 @@ class ReshapeLayer(Layer):
 
     def backward(self, top, propagate_down, bottom):
         pass     # the top's diff is the bottom's diff
+
+    def forward_gpu(self, bottom, top):
+        _share_gpu(self, top, bottom[0])    # the device copy is shared too: no copy, no kernel
+
+    backward_gpu = backward
 
 
 @register("Crop")
@@ -468,7 +479,9 @@ class BatchReindexLayer(Layer):
         top[0].reshape(bottom[1].shape[:1] + bottom[0].shape[1:])
 
     def _index(self, bottom):
-        index = bottom[1].data
+        # cpu_data: reading the index on the GPU path leaves its device copy current (Caffe checks it on the host
+        # there too)
+        index = bottom[1].cpu_data
         self.check(np.all(index >= 0), "Index specified for reindex layer was negative.")
         self.check(np.all(index < bottom[0].shape[0]), "Index specified for reindex layer was greater than batch "
                    "size (%d)." % bottom[0].shape[0])
@@ -483,6 +496,34 @@ class BatchReindexLayer(Layer):
             diff = bottom[0].diff
             diff[...] = 0
             np.add.at(diff, self._index(bottom), top[0].diff)    # rows picked several times accumulate
+
+    def forward_gpu(self, bottom, top):
+        # batch_reindex_layer.cu: the index checked on the host, then one thread per top value gathers
+        self._index(bottom)
+        inner = bottom[0].count_range(1)
+        select.current().launch("batch_reindex_forward", top[0].count, inner, bottom[0].gpu_data, bottom[1].gpu_data,
+                                top[0].mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        self.check(not propagate_down[1], "Cannot backprop to index.")
+        if not propagate_down[0]:
+            return
+        # batch_reindex_layer.cu's Backward_gpu: for each bottom item, the list of top items that picked it
+        # (top_indexes[begins[b]:begins[b] + counts[b]]), so that one thread per bottom value sums its own list.
+        # A stable sort keeps each list in ascending order: the sum in the order of the CPU code's np.add.at.
+        index = self._index(bottom)
+        num = bottom[0].shape[0]
+        top_indexes = np.argsort(index, kind="stable")
+        counts = np.bincount(index, minlength=num)
+        begins = np.cumsum(counts) - counts
+        table = np.concatenate([top_indexes, begins, counts]).astype(np.int32)
+        dev = select.current()
+        lists = self.buffer("index_lists", table.size, dtype=np.int32, device=True, at_least=True)
+        if table.size:
+            dev.upload(lists.at(0, table.size), table)
+        m = len(index)
+        dev.launch("batch_reindex_backward", bottom[0].count, bottom[0].count_range(1), top[0].gpu_diff,
+                   lists.at(0, m), lists.at(m, num), lists.at(m + num, num), bottom[0].mutable_gpu_diff)
 
     def allow_force_backward(self, bottom_index):
         # Caffe's Backward CHECKs "Cannot backprop to index." (it does not override AllowForceBackward, so a
@@ -511,7 +552,8 @@ class FilterLayer(Layer):
             self.check(len(b.shape) >= 1 and b.shape[0] == selector.shape[0],
                        "Each bottom should have the same 0th dimension as the selector blob (%s vs %s)"
                        % (b.shape, selector.shape))
-        self.indices = np.flatnonzero(selector.data.reshape(-1))
+        # cpu_data: on the GPU path the selector's device copy stays current
+        self.indices = np.flatnonzero(selector.cpu_data.reshape(-1))
         num = len(self.indices)
         if self.first_reshape:
             num = bottom[0].shape[0]
@@ -534,6 +576,40 @@ class FilterLayer(Layer):
             diff = bottom[i].diff
             diff[...] = 0
             diff[self.indices] = t.diff
+
+    def _gpu_rows(self, num):
+        """The selected items (a device int array), then for each of the `num` bottom items its row in the tops or
+        -1: uploaded once per selection, for forward_gpu's gather and backward_gpu's scatter."""
+        n = len(self.indices)
+        rows = self.buffer("rows", n + num, dtype=np.int32, device=True, at_least=True)
+        uploaded = self.__dict__.get("_uploaded_rows")     # (the selection, the array it went to)
+        if uploaded is None or uploaded[0] is not self.indices or uploaded[1] is not rows:
+            top_rows = np.full(num, -1, np.int32)
+            top_rows[self.indices] = np.arange(n, dtype=np.int32)
+            if n + num:
+                select.current().upload(rows.at(0, n + num), np.concatenate([self.indices.astype(np.int32),
+                                                                             top_rows]))
+            self._uploaded_rows = (self.indices, rows)
+        return rows.at(0, n), rows.at(n, num)
+
+    def forward_gpu(self, bottom, top):
+        # filter_layer.cu copies each selected item with a caffe_copy; one gather launch per top does them all
+        dev = select.current()
+        selected, _ = self._gpu_rows(bottom[-1].shape[0])
+        for b, t in zip(bottom, top):
+            inner = b.count_range(1)
+            dev.launch("filter_forward", len(self.indices) * inner, inner, b.gpu_data, selected, t.mutable_gpu_data)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        self.check(not propagate_down[-1], "cannot backpropagate to filter index inputs")
+        dev = select.current()
+        for i, t in enumerate(top):
+            if not propagate_down[i]:
+                continue
+            self.check(t.shape[0] > 0, "no item passed the selector: Filter cannot backpropagate an empty top")
+            _, top_rows = self._gpu_rows(bottom[i].shape[0])
+            b = bottom[i]
+            dev.launch("filter_backward", b.count, b.count_range(1), t.gpu_diff, top_rows, b.mutable_gpu_diff)
 
     def allow_force_backward(self, bottom_index):
         # Caffe's Backward refuses the selector (the last bottom): "cannot backpropagate to filter index inputs".

@@ -292,11 +292,12 @@ class Net:
         for layer_id, layer in enumerate(self.layers):
             layer.reshape(*self._vecs(layer_id))
 
-    def forward_from_to(self, start=0, end=None):
-        """Run layers start..end (inclusive) and return the sum of their weighted losses."""
+    def forward_from_to(self, start=0, end=None, gpu=None):
+        """Run layers start..end (inclusive) and return the sum of their weighted losses. gpu: run the layers'
+        GPU code (default: whether GPU mode is on); a recurrent layer's unrolled net runs on the path of its layer."""
         end = len(self.layers) - 1 if end is None else end
         loss = None
-        gpu = select.active()
+        gpu = select.active() if gpu is None else gpu
         for layer_id in range(start, end + 1):
             layer = self.layers[layer_id]
             bottom, top = self._vecs(layer_id)
@@ -316,9 +317,9 @@ class Net:
                     loss = layer_loss if loss is None else loss + layer_loss
         return 0.0 if loss is None else float(loss)
 
-    def backward_from_to(self, start=None, end=0):
+    def backward_from_to(self, start=None, end=0, gpu=None):
         start = len(self.layers) - 1 if start is None else start
-        gpu = select.active()
+        gpu = select.active() if gpu is None else gpu
         for layer_id in range(start, end - 1, -1):
             if self.layer_need_backward[layer_id]:
                 bottom, top = self._vecs(layer_id)

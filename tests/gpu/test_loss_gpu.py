@@ -1,13 +1,15 @@
-"""Softmax, SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss and Accuracy on the GPU path against their CPU
-code (pycaffe_dist/layers/softmax.py and loss.py, csrc/cuda/softmax.cu and loss.cu): outputs (the loss scalar, the
-probabilities, the accuracies), bottom diffs under loss weights, ignore_label and every normalization, and the
-CPU path's error for a label out of range. The harness is test_norm_gpu.run_both."""
+"""Softmax, SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss, Accuracy and ContrastiveLoss on the GPU path
+against their CPU code (pycaffe_dist/layers/softmax.py and loss.py, csrc/cuda/softmax.cu and loss.cu): outputs (the
+loss scalar, the probabilities, the accuracies), bottom diffs under loss weights, ignore_label and every
+normalization, and the CPU path's error for a label out of range. The harness is test_norm_gpu.run_both
+(test_activation_gpu.compare_layer for ContrastiveLoss, whose bottoms are not all of one shape)."""
 import numpy as np
 import pytest
 
 from pycaffe_dist.errors import NetError
 from pycaffe_dist.layers import create_layer
 from pycaffe_dist.blob.blob import Blob
+from tests.gpu.test_activation_gpu import compare_layer
 from tests.gpu.test_norm_gpu import assert_same, gaussian, run_both
 from tests.layers.gradient_checker import layer_param
 
@@ -208,3 +210,22 @@ def test_infogain_loss_has_no_gpu_code(gpu):
     from pycaffe_dist.layers.loss import InfogainLossLayer, SoftmaxWithLossLayer
     assert SoftmaxWithLossLayer.forward_gpu is not None
     assert InfogainLossLayer.forward_gpu is None and InfogainLossLayer.backward_gpu is None
+
+
+# --- ContrastiveLoss ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("param", ["", "contrastive_loss_param { margin: 4 }",
+                                   "contrastive_loss_param { margin: 9 legacy_version: true }",
+                                   "contrastive_loss_param { margin: 1 legacy_version: true }"])
+@pytest.mark.parametrize("loss_weight", [1.0, 2.5])
+@pytest.mark.parametrize("down", [[True, True, False], [False, True, False]])
+def test_contrastive_loss(gpu, param, loss_weight, down):
+    num, channels = 12, 5
+    similar = (np.arange(num) % 3 == 0).astype(np.float32).reshape(num, 1, 1, 1)
+    a = gaussian((num, channels, 1, 1))
+    b = gaussian((num, channels, 1, 1), seed=1)
+    b[1] = a[1]     # a dissimilar pair at distance 0: Caffe's 1e-4 keeps its gradient finite
+    # on_device "backward": the loss, a scalar, is written on the host (as Caffe's Forward_gpu does)
+    compare_layer(gpu, 'type: "ContrastiveLoss" ' + param, [a, b, similar], [np.float32(loss_weight)],
+                  propagate_down=down, bottom_diffs=[gaussian((num, channels, 1, 1), seed=5)] * 2 + [similar * 0],
+                  on_device="backward")

@@ -1,14 +1,21 @@
-"""The shape layers with GPU code (Split, Concat, Slice, Crop, Tile, Silence of pycaffe_dist/layers/shape.py;
-kernels in csrc/cuda/shape.cu and math.cu) against their CPU code: tops and bottom diffs for each layer and its
-settings, and a net of them and of the arithmetic layers (test_arithmetic_gpu.py, which uses this module's
-helpers inputs and run) that keeps its blobs on the device."""
+"""The shape layers of pycaffe_dist/layers/shape.py on the GPU code path (kernels in csrc/cuda/shape.cu and math.cu)
+against their CPU code: tops and bottom diffs for each layer and its settings (Split, Concat, Slice, Crop, Tile,
+Silence, BatchReindex, Filter), Flatten and Reshape viewing their bottom's device memory without any device work, and
+a net of them and of the arithmetic layers (test_arithmetic_gpu.py, which uses this module's helpers inputs and run)
+that keeps its blobs on the device. `device_work` and `bottoms_of` serve the other GPU tests of the layers too."""
+import contextlib
+
 import numpy as np
 import pytest
 
 from pycaffe_dist import common
 from pycaffe_dist.blob import synced_memory
+from pycaffe_dist.blob.blob import Blob
+from pycaffe_dist.errors import NetError
+from pycaffe_dist.layers import create_layer
 from pycaffe_dist.pycaffe import Net
 from tests.gpu.test_activation_gpu import compare_layer, gaussian, tolerance
+from tests.layers.gradient_checker import layer_param
 
 SHAPE = (2, 3, 4, 5)
 
@@ -22,6 +29,36 @@ def run(dev, text, shapes, top_shapes=None, **kwargs):
     top_shapes = [shapes[0]] if top_shapes is None else top_shapes
     kwargs.setdefault("bottom_diffs", inputs(*shapes, seed=50))
     return compare_layer(dev, text, inputs(*shapes), inputs(*top_shapes, seed=20), num_tops=len(top_shapes), **kwargs)
+
+
+@contextlib.contextmanager
+def device_work(dev):
+    """Count the device's kernel launches, copies and transfers (by name) while the block runs."""
+    counts = {}
+    names = ("launch", "copy", "upload", "download", "memset", "gemm", "gemv", "dot", "asum", "axpy", "scal")
+    originals = {name: getattr(dev, name) for name in names}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return originals[name](*args, **kwargs)
+        return call
+    for name in names:
+        setattr(dev, name, counting(name))
+    try:
+        yield counts
+    finally:
+        for name in names:
+            delattr(dev, name)     # the instance attribute goes; the class's method is seen again
+
+
+def bottoms_of(arrays):
+    out = []
+    for x in arrays:
+        blob = Blob(x.shape)
+        blob.data[...] = x
+        out.append(blob)
+    return out
 
 
 # --- Split, Concat, Slice -------------------------------------------------------------------------------------
@@ -101,6 +138,119 @@ def test_silence_zeroes_the_bottom_diffs(gpu):
                         propagate_down=[True, False])
     assert not got["bottom diff 0"].any()
     np.testing.assert_array_equal(got["bottom diff 1"], old[1])
+
+
+# --- Flatten, Reshape ------------------------------------------------------------------------------------------
+
+VIEWS = [
+    ('type: "Flatten"', (2, 3, 4, 5), (2, 60)),
+    ('type: "Flatten" flatten_param { axis: 2 }', (2, 3, 4, 5), (2, 3, 20)),
+    ('type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }', (2, 3, 4, 5), (2, 60)),
+    ('type: "Reshape" reshape_param { axis: 1 num_axes: 2 shape { dim: 12 } }', (2, 3, 4, 5), (2, 12, 5)),
+]
+
+
+@pytest.mark.parametrize("text,shape,top", VIEWS)
+def test_views_equal_the_cpu(gpu, text, shape, top):
+    # on_device False: the top is the bottom's memory, which the test wrote on the host
+    compare_layer(gpu, text, [gaussian(*shape)], [gaussian(*top, seed=3)], on_device=False)
+
+
+@pytest.mark.parametrize("text,shape,top", VIEWS)
+def test_views_share_the_bottoms_device_memory_and_do_no_device_work(gpu, text, shape, top):
+    bottom, tops = bottoms_of([gaussian(*shape)]), [Blob()]
+    layer = create_layer(layer_param(text))
+    layer.setup(bottom, tops)
+    bottom[0].gpu_data, bottom[0].gpu_diff       # on the device before the layer runs
+    with device_work(gpu) as work:
+        layer.reshape(bottom, tops)
+        layer.forward_gpu(bottom, tops)
+        layer.backward_gpu(tops, [True], bottom)
+        assert tops[0].gpu_data.ptr == bottom[0].gpu_data.ptr
+        assert tops[0].gpu_diff.ptr == bottom[0].gpu_diff.ptr
+    assert work == {}, "Flatten / Reshape moved or computed something on the device: %s" % work
+    assert tops[0].shape == top
+
+
+def test_view_as_a_loss_top_keeps_its_weight_in_the_shared_device_diff(gpu):
+    bottom, tops = bottoms_of([gaussian(2, 3, 4)]), [Blob()]
+    layer = create_layer(layer_param('type: "Flatten" loss_weight: 2.5'))
+    layer.setup(bottom, tops)
+    layer.forward_gpu(bottom, tops)
+    assert tops[0].diff_memory.head == synced_memory.DEVICE
+    np.testing.assert_array_equal(bottom[0].diff, 2.5)
+
+
+# --- BatchReindex ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("index", [[2, 0, 2, 4, 2, 1], [3, 1, 0, 2, 4], [4.7, 0.2], []])
+def test_batch_reindex(gpu, index):
+    x = gaussian(5, 3, 2)
+    index = np.array(index, np.float32)
+    compare_layer(gpu, 'type: "BatchReindex"', [x, index], [gaussian(len(index), 3, 2, seed=4)],
+                  propagate_down=[True, False], bottom_diffs=[gaussian(5, 3, 2, seed=9), np.full(len(index), 7.0)])
+
+
+def test_batch_reindex_many_picks_of_one_row_sum_in_order(gpu):
+    # one bottom row picked 700 times (several blocks of threads on a GPU would race with atomics): the sum is the
+    # CPU code's, in the same order
+    index = np.zeros(700, np.float32)
+    index[::3] = 1
+    compare_layer(gpu, 'type: "BatchReindex"', [gaussian(3, 4), index], [gaussian(700, 4, seed=5)],
+                  propagate_down=[True, False])
+
+
+@pytest.mark.parametrize("index,message", [([0, -1], "negative"), ([0, 3], "greater than batch size")])
+def test_batch_reindex_refuses_a_bad_index_on_the_gpu_too(gpu, index, message):
+    bottom, tops = bottoms_of([gaussian(3, 2), np.array(index, np.float32)]), [Blob()]
+    layer = create_layer(layer_param('type: "BatchReindex"'))
+    layer.setup(bottom, tops)
+    with pytest.raises(NetError, match=message):
+        layer.forward_gpu(bottom, tops)
+
+
+# --- Filter ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("selector", [[1, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 1], [1] * 6, [0.5, 0, -2, 0, 3, 0]])
+def test_filter(gpu, selector):
+    selector = np.array(selector, np.float32).reshape(6, 1)
+    n = int(np.count_nonzero(selector))
+    compare_layer(gpu, 'type: "Filter"', [gaussian(6, 3, 2), gaussian(6, 4, seed=1), selector],
+                  [gaussian(n, 3, 2, seed=2), gaussian(n, 4, seed=3)], num_tops=2, propagate_down=[True, True, False],
+                  bottom_diffs=[gaussian(6, 3, 2, seed=7), gaussian(6, 4, seed=8), np.full((6, 1), 5.0)])
+
+
+def test_filter_of_one_bottom_only(gpu):
+    selector = np.array([0, 1, 1, 0], np.float32)
+    compare_layer(gpu, 'type: "Filter"', [gaussian(4, 5), gaussian(4, 2, seed=1), selector],
+                  [gaussian(2, 5, seed=2), gaussian(2, 2, seed=3)], num_tops=2, propagate_down=[False, True, False],
+                  bottom_diffs=[gaussian(4, 5, seed=7), gaussian(4, 2, seed=8)])
+
+
+def test_filter_a_new_selection_each_forward(gpu):
+    layer = create_layer(layer_param('type: "Filter"'))
+    x = gaussian(4, 3)
+    bottom, tops = bottoms_of([x, np.array([1, 0, 0, 1], np.float32)]), [Blob()]
+    layer.setup(bottom, tops)
+    for selector in ([1, 0, 0, 1], [0, 1, 1, 1], [0, 0, 1, 0]):
+        bottom[1].data[...] = selector
+        layer.reshape(bottom, tops)
+        layer.forward_gpu(bottom, tops)
+        np.testing.assert_array_equal(tops[0].data, x[np.flatnonzero(selector)])
+        tops[0].diff[...] = 1
+        layer.backward_gpu(tops, [True, False], bottom)
+        np.testing.assert_array_equal(bottom[0].diff, np.array(selector, np.float32)[:, None] * np.ones((1, 3)))
+
+
+def test_filter_empty_selection_forwards_nothing_and_refuses_backward(gpu):
+    layer = create_layer(layer_param('type: "Filter"'))
+    bottom, tops = bottoms_of([gaussian(3, 2), np.zeros(3, np.float32)]), [Blob()]
+    layer.setup(bottom, tops)
+    layer.reshape(bottom, tops)
+    layer.forward_gpu(bottom, tops)
+    assert tops[0].shape == (0, 2)
+    with pytest.raises(NetError, match="no item passed the selector"):
+        layer.backward_gpu(tops, [True, False], bottom)
 
 
 # --- a net of them (and of the arithmetic layers) ------------------------------------------------------------
