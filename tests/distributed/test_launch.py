@@ -81,25 +81,6 @@ def test_workers_on_a_gpu_each(make_solver, tmp_path, monkeypatch):
     assert stats["mode"] == "sync" and stats["count"] == 60
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only"])
-def test_every_mode_with_workers_sharing_one_gpu(make_solver, tmp_path, monkeypatch, mode):
-    """--workers 2 --gpu 0: both workers compute on GPU 0 (each its own context and stream on a real GPU), W
-    moving between the device and pinned buffers; every mode trains to the same accuracy as on the CPU."""
-    monkeypatch.setenv("PCD_DEVICE", "emulated")
-    env = dict(os.environ)
-    env.pop("PCD_REDIS_PASSWORD", None)
-    job = "gpu-" + mode
-    proc = subprocess.run([sys.executable, "-m", "pycaffe_dist", "train", "--solver", str(make_solver(max_iter=200)),
-                           "--workers", "2", "--gpu", "0", "--mode", mode, "--job", job, "--stats",
-                           str(tmp_path / "stats.json")], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for i in (0, 1):
-        assert "[worker %d] computing on GPU 0: emulated GPU" % i in proc.stderr, proc.stderr[-3000:]
-    stats = json.loads((tmp_path / "stats.json").read_text())
-    assert stats["mode"] == mode and stats["tests"][-1]["scores"]["accuracy"] > 0.8, stats["tests"][-1]
-    assert not _running("--job " + job)
-
-
 def test_an_error_of_the_master_is_the_launchers_one_line_at_once(make_solver, tmp_path):
     """A snapshot folder that does not exist: the master refuses at once, and so does the launcher, with the
     master's line (it used to wait 15 s for workers that nobody had told to stop)."""

