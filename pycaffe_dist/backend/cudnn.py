@@ -11,7 +11,10 @@ CuPy's and cudarc's bindings; `_SIGNATURES` declares them all, so that a wrong a
 - The handle runs on the device's compute stream, in pycuda's primary context (current on the thread, as for
   cuBLAS). Workspaces come from the device's caching allocator, at most WORKSPACE_LIMIT_BYTES per call.
 - Convolution algorithms: cudnnFindConvolution*Algorithm (which times them, with memory of its own) once per
-  geometry and direction; the fastest that succeeded within the workspace limit is kept.
+  geometry and direction; the fastest that succeeded within the workspace limit is kept, among those that
+  multiply and add the inputs themselves (GEMM-like, direct): FFT and Winograd algorithms transform them and lose
+  some float32 accuracy, so cuDNN's results differ from Caffe's kernels' by summation order only
+  (ALLOW_TRANSFORM_ALGORITHMS turns them on: faster for large kernels, errors of ~1e-5 relative).
 - Loading: libcudnn.so.9 from the nvidia-cudnn-cu12/-cu13 wheel (nvidia/cudnn/lib), the system's loader path, or
   $CUDA_HOME/lib64. cuDNN 9 dlopens its sub-libraries (graph, engines, ops, cnn, ...) and, from them, cuBLASLt
   and NVRTC: those found beside it or in the nvidia wheels are loaded first (RTLD_GLOBAL, dependencies first).
@@ -28,6 +31,7 @@ from ..errors import DeviceError
 
 DISABLE_VARIABLE = "PCD_CUDNN"          # PCD_CUDNN=0: never load cuDNN (the layers run Caffe's kernels)
 WORKSPACE_LIMIT_BYTES = 1 << 30         # the most workspace one convolution call may take (Caffe's cuDNN: 8 MiB)
+ALLOW_TRANSFORM_ALGORITHMS = False      # FFT and Winograd convolutions (see above)
 MIN_VERSION = (8, 0, 0)                 # CUDNN_FMA_MATH and the v7-style API with group counts exist from 8.0
 
 # --- enums (cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h; the same values in cuDNN 8 and 9) ---------------------------
@@ -42,6 +46,11 @@ CUDNN_LRN_CROSS_CHANNEL_DIM1 = 0
 CUDNN_SOFTMAX_ACCURATE = 1              # subtracts the maximum first, as Caffe's softmax
 CUDNN_SOFTMAX_MODE_CHANNEL = 1          # over C of (N, C, H, W), at every (n, h, w)
 CUDNN_STATUS_SUCCESS = 0
+# The convolution algorithms that transform their inputs (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values):
+# forward FFT 4, FFT_TILING 5, WINOGRAD 6, WINOGRAD_NONFUSED 7; backward data FFT 2, FFT_TILING 3, WINOGRAD 4,
+# WINOGRAD_NONFUSED 5; backward filter FFT 2, WINOGRAD 4, WINOGRAD_NONFUSED 5, FFT_TILING 6.
+TRANSFORM_ALGORITHMS = {"forward": frozenset((4, 5, 6, 7)), "data": frozenset((2, 3, 4, 5)),
+                        "filter": frozenset((2, 4, 5, 6))}
 # cudnnSetLRNDescriptor's bounds (#defines of cudnn_ops.h)
 CUDNN_LRN_MIN_N, CUDNN_LRN_MAX_N, CUDNN_LRN_MIN_K, CUDNN_LRN_MIN_BETA = 1, 16, 1e-5, 0.01
 
@@ -378,12 +387,13 @@ def _ptr(array):
     return ctypes.c_void_p(array.ptr)
 
 
-def choose_algorithm(results, limit=WORKSPACE_LIMIT_BYTES):
+def choose_algorithm(results, limit=WORKSPACE_LIMIT_BYTES, excluded=frozenset()):
     """The first (fastest: Find sorts them by time) result that ran, within the workspace limit, in IEEE float32
-    math (FMA, or DEFAULT as Find reports algorithms without tensor-core variants); (algo, bytes) or None."""
+    math (FMA, or DEFAULT as Find reports algorithms without tensor-core variants), not one of `excluded`;
+    (algo, bytes) or None."""
     for perf in results:
         if perf.status == CUDNN_STATUS_SUCCESS and perf.memory <= limit and \
-                perf.mathType in (CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH):
+                perf.mathType in (CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH) and perf.algo not in excluded:
             return int(perf.algo), int(perf.memory)
     return None
 
@@ -435,7 +445,8 @@ class ConvolutionOp:
         results = (AlgoPerf * max(1, wanted.value))()
         returned = ctypes.c_int()
         c.call(find_name, *descriptors, len(results), ctypes.byref(returned), results, context=self.describe())
-        chosen = choose_algorithm(results[:returned.value])
+        chosen = choose_algorithm(results[:returned.value], excluded=frozenset() if ALLOW_TRANSFORM_ALGORITHMS
+                                  else TRANSFORM_ALGORITHMS[direction])
         if chosen is None:
             # Nothing fit or ran: algorithm 0 of each direction (implicit GEMM; ALGO_0), which needs little or no
             # workspace; its size is asked for, not measured.
