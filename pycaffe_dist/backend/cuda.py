@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from . import kernel_source
+from . import cudnn, kernel_source
 from .blas_ops import RowMajorBlas
 from .device import CUDA_NUM_THREADS, CachingAllocator, Device, blocks_for
 from ..errors import DeviceError
@@ -198,7 +198,8 @@ class CudaDevice(RowMajorBlas, Device):
                 "Total global memory": "%.1f GiB" % (self.cu_device.total_memory() / 2.0 ** 30),
                 "Multiprocessors": attrs.get(d.device_attribute.MULTIPROCESSOR_COUNT),
                 "Clock rate": "%d MHz" % (attrs.get(d.device_attribute.CLOCK_RATE, 0) // 1000),
-                "Driver version": d.get_driver_version(), "cuBLAS": self.cublas.path}
+                "Driver version": d.get_driver_version(), "cuBLAS": self.cublas.path,
+                "cuDNN": cudnn.describe()}
 
 
 def _cublas_candidates():

@@ -20,6 +20,7 @@ import numpy as np
 from ..backend import neuron, select
 from ..proto import caffe_pb2
 from ..random_stream import RandomStream
+from . import cudnn_engine
 from .base import Layer
 from .registry import register
 
@@ -105,8 +106,20 @@ class NeuronLayer(Layer):
     gradient_gpu = None      # (dev, x, y, dy, dx): the bottom diff
 
 
+class CudnnActivation:
+    """ReLU, Sigmoid and TanH: Caffe's engine CUDNN (layers/cudnn_engine.py), else their own GPU code."""
+
+    def forward_gpu(self, bottom, top):
+        if not cudnn_engine.neuron_forward(self, bottom, top):
+            super().forward_gpu(bottom, top)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not cudnn_engine.neuron_backward(self, top, propagate_down, bottom):
+            super().backward_gpu(top, propagate_down, bottom)
+
+
 @register("ReLU")
-class ReLULayer(NeuronLayer):
+class ReLULayer(CudnnActivation, NeuronLayer):
     def neuron_setup(self, bottom, top):
         self.negative_slope = self.param.relu_param.negative_slope
         # y > 0 exactly where x > 0 unless the slope is negative
@@ -221,7 +234,7 @@ class ELULayer(NeuronLayer):
 
 
 @register("Sigmoid")
-class SigmoidLayer(NeuronLayer):
+class SigmoidLayer(CudnnActivation, NeuronLayer):
     flops_per_element = 4        # 0.5 * tanh(0.5 x) + 0.5 (Caffe's form): mul, tanh, multiply-add
 
     def compute(self, x, y):
@@ -238,7 +251,7 @@ class SigmoidLayer(NeuronLayer):
 
 
 @register("TanH")
-class TanHLayer(NeuronLayer):
+class TanHLayer(CudnnActivation, NeuronLayer):
     flops_per_element = 1
 
     def compute(self, x, y):

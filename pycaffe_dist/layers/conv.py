@@ -11,6 +11,7 @@ from ..backend import select
 from ..backend.conv import ConvEngine
 from .._kernels import im2col as _k
 from ..blob.blob import count
+from . import cudnn_engine
 from .base import Layer, c_div, check_param_shapes, checked_axis
 from .gpu_helpers import gpu_ones
 from .registry import register
@@ -380,6 +381,8 @@ class _BaseConvolution(Layer):
         return self._gpu
 
     def forward_gpu(self, bottom, top):
+        if cudnn_engine.convolution_forward(self, bottom, top):     # engine CUDNN (layers/cudnn_engine.py)
+            return
         dev, engine = select.current(), self.gpu_engine()
         w, spatial = self.blobs[0].gpu_data, count(self.output_spatial)
         for b, t in zip(bottom, top):
@@ -392,6 +395,8 @@ class _BaseConvolution(Layer):
                 gpu_add_bias(self, dev, self.blobs[1].gpu_data, y, self.num, self.num_output, spatial)
 
     def backward_gpu(self, top, propagate_down, bottom):
+        if cudnn_engine.convolution_backward(self, top, propagate_down, bottom):
+            return
         dev, engine = select.current(), self.gpu_engine()
         w = self.blobs[0].gpu_data
         want_w = self.param_propagate_down[0]

@@ -8,6 +8,7 @@ import numpy as np
 from ..backend import select
 from ..backend import lrn as lrn_kernels
 from ..proto import caffe_pb2
+from . import cudnn_engine
 from .base import Layer
 from .registry import register
 
@@ -77,6 +78,8 @@ class LRNLayer(Layer):
     # the CPU code above (our layer computes Caffe's sub-net itself, so it runs on the device here too).
 
     def forward_gpu(self, bottom, top):
+        if cudnn_engine.lrn_forward(self, bottom, top):     # engine CUDNN (layers/cudnn_engine.py)
+            return
         dev = select.current()
         num, channels, height, width = bottom[0].shape
         count, pixels = bottom[0].count, height * width
@@ -97,7 +100,7 @@ class LRNLayer(Layer):
                        self.buffer("power", count, device=True), y)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if cudnn_engine.lrn_backward(self, top, propagate_down, bottom) or not propagate_down[0]:
             return
         dev = select.current()
         num, channels, height, width = bottom[0].shape

@@ -7,6 +7,7 @@ import numpy as np
 from ..backend import pooling, select
 from ..proto import caffe_pb2
 from ..random_stream import RandomStream
+from . import cudnn_engine
 from .base import Layer
 from .registry import register
 
@@ -189,6 +190,8 @@ class PoolingLayer(Layer):
                       index, bottom[0].diff, self.kernel, self.stride, self.pad, index_in_windows=len(top) == 1)
 
     def forward_gpu(self, bottom, top):
+        if cudnn_engine.pooling_forward(self, bottom, top):     # engine CUDNN (layers/cudnn_engine.py)
+            return
         dev, pool = select.current(), self.param.pooling_param.pool
         index = self.buffer("index", top[0].count, np.int32, device=True, at_least=True) if pool != PP.AVE else None
         gpu_pool_forward(self, dev, pool, self.phase == caffe_pb2.TRAIN, bottom[0].gpu_data, top[0].mutable_gpu_data,
@@ -197,7 +200,7 @@ class PoolingLayer(Layer):
             dev.launch("pool_mask_to_float", top[0].count, index, top[1].mutable_gpu_data)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if cudnn_engine.pooling_backward(self, top, propagate_down, bottom) or not propagate_down[0]:
             return
         dev, pool = select.current(), self.param.pooling_param.pool
         # With a mask top, Caffe reads the positions back from it.

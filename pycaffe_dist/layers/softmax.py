@@ -2,6 +2,7 @@
 The GPU code (csrc/cuda/softmax.cu) follows softmax_layer.cu; its forward pass, gpu_helpers.gpu_softmax, is
 SoftmaxWithLoss's too."""
 from ..backend import select, softmax
+from . import cudnn_engine
 from .base import Layer, checked_axis
 from .gpu_helpers import SOFTMAX_FLOPS_PER_ELEMENT, gpu_softmax
 from .registry import register
@@ -29,12 +30,14 @@ class SoftmaxLayer(Layer):
         return blob.count_range(0, self.axis), blob.shape[self.axis], blob.count_range(self.axis + 1)
 
     def forward_gpu(self, bottom, top):
+        if cudnn_engine.softmax_forward(self, bottom, top):     # engine CUDNN (layers/cudnn_engine.py)
+            return
         outer, channels, inner = self._dims(bottom[0])
         gpu_softmax(bottom[0].gpu_data, top[0].mutable_gpu_data, outer, channels, inner,
                     self.buffer("scale", outer * inner, device=True))
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if cudnn_engine.softmax_backward(self, top, propagate_down, bottom) or not propagate_down[0]:
             return
         outer, channels, inner = self._dims(top[0])
         dot = self.buffer("scale", outer * inner, device=True)
