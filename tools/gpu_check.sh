@@ -6,6 +6,7 @@
 #   tools/gpu_check.sh                 # everything (about 5 minutes on an H200)
 #   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh
 #   OUT=/tmp/gpu-out tools/gpu_check.sh
+#   PCD_DEVICE=emulated ITERATIONS=100 GPU_CHECK_STEPS="train workers" tools/gpu_check.sh   # this script, no GPU
 #
 # Packages: where pycuda, protobuf, redis-py, lmdb, plyvel and a redis-server are importable or on the PATH
 # already (pip install -e ".[gpu,test]" on a machine with a registry), nothing is unpacked. Otherwise the kit of
@@ -30,12 +31,13 @@ want() { [[ " $STEPS " == *" $1 "* ]]; }
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 # --- packages ---------------------------------------------------------------------------------------------------
-if ! python3 -c "import pycuda, google.protobuf, redis" 2>/dev/null; then
+ITERATIONS=${ITERATIONS:-2000}
+if [ "${PCD_DEVICE:-}" != emulated ] && ! python3 -c "import pycuda, google.protobuf, redis" 2>/dev/null; then
     kit=""
     for k in "$ROOT/.device" "$ROOT/../shared/gpu-kit"; do [ -f "$k/site312.tar.xz" ] && { kit=$k; break; }; done
-    if [ -z "$kit" ]; then
-        echo "gpu_check: pycuda (or protobuf, redis) is not importable and no kit (site312.tar.xz) was found in" \
-             ".device/ or ../shared/gpu-kit/: pip install -e \".[gpu,test]\" first" >&2
+    if [ -z "$kit" ] || ! python3 -c "import sys; sys.exit(sys.version_info[:2] != (3, 12))"; then
+        echo "gpu_check: pycuda (or protobuf, redis) is not importable and no kit for this Python (site312.tar.xz," \
+             "Python 3.12) is in .device/ or ../shared/gpu-kit/: pip install -e \".[gpu,test]\" first" >&2
         exit 2
     fi
     say "unpacking $kit/site312.tar.xz"
@@ -103,22 +105,23 @@ fi
 accuracy() { grep -o 'accuracy = [0-9.]*' "$1" | tail -1 | awk '{print $NF}'; }
 if want train; then
     if [ -f "$datum/test.datumfile" ]; then
-        say "train: LeNet, 2000 iterations on GPU 0"
+        say "train: LeNet, $ITERATIONS iterations on GPU 0"
         t=$(date +%s.%N)
-        python3 -m pycaffe_dist train --solver prototxt/lenet_solver.prototxt --iterations 2000 --gpu 0 \
+        python3 -m pycaffe_dist train --solver prototxt/lenet_solver.prototxt --iterations "$ITERATIONS" --gpu 0 \
             > "$OUT/train.log" 2>&1
         rc=$?
-        row "train LeNet 2000 it, GPU 0" "exit $rc, test accuracy $(accuracy "$OUT/train.log")" \
+        row "train LeNet $ITERATIONS it, GPU 0" "exit $rc, test accuracy $(accuracy "$OUT/train.log")" \
             "$(python3 -c "import time; print('%.1f s' % (time.time() - $t))")"
     else
-        row "train LeNet 2000 it, GPU 0" "not run" "no Fashion-MNIST"
+        row "train LeNet, GPU 0" "not run" "no Fashion-MNIST"
     fi
 fi
 if want workers; then
     if [ -f "$datum/test.datumfile" ]; then
         for mode in sync async; do
-            say "workers: LeNet, 4 workers sharing GPU 0, mode $mode, 2000 batches"
-            iters=2000; [ $mode = sync ] && iters=500
+            # The same images in both modes: a sync merge takes one batch from each of the 4 workers.
+            iters=$ITERATIONS; [ $mode = sync ] && iters=$(( ITERATIONS / 4 ))
+            say "workers: LeNet, 4 workers sharing GPU 0, mode $mode, $iters merges"
             t=$(date +%s.%N)
             python3 -m pycaffe_dist train --solver prototxt/lenet_solver.prototxt --iterations $iters --gpu 0 \
                 --workers 4 --mode $mode --stats "$OUT/workers_$mode.json" > "$OUT/workers_$mode.log" 2>&1

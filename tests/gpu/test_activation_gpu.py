@@ -235,5 +235,5 @@ def test_subclasses_inherit_gpu_code_only_with_the_cpu_code_it_mirrors():
 
     assert Redefined.forward_gpu is None and Redefined.backward_gpu is not None
     assert RedefinedBoth.forward_gpu is not None
-    assert Plain.forward_gpu is activation.NeuronLayer.forward_gpu
+    assert Plain.forward_gpu is activation.ReLULayer.forward_gpu is activation.CudnnActivation.forward_gpu
     assert activation.PReLULayer.backward_gpu is not activation.NeuronLayer.backward_gpu
