@@ -6,6 +6,7 @@
 #   tools/gpu_check.sh                 # everything (about 5 minutes on an H200)
 #   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh
 #   OUT=/tmp/gpu-out tools/gpu_check.sh
+#   GPU_CHECK_OUR_KERNELS=1 tools/gpu_check.sh         # the tests once more with cuDNN off (PCD_CUDNN=0)
 #   PCD_DEVICE=emulated ITERATIONS=100 GPU_CHECK_STEPS="train workers" tools/gpu_check.sh   # this script, no GPU
 #
 # Packages: where pycuda, protobuf, redis-py, lmdb, plyvel and a redis-server are importable or on the PATH
@@ -75,6 +76,13 @@ if want tests; then
     python3 -m pytest -q -p no:cacheprovider -k "not emulated" tests/gpu tests/cli/test_training_gpu.py \
         tests/distributed/test_gpu_workers.py -rfE 2>&1 | tee "$OUT/tests.log" | tail -40
     row "real-GPU tests" "$(grep -E '(passed|failed|error)' "$OUT/tests.log" | tail -1 | tr -d '=')" "tests.log"
+    if [ -n "${GPU_CHECK_OUR_KERNELS:-}" ]; then
+        # Again with cuDNN off (PCD_CUDNN=0): every layer on our own kernels, as engine CAFFE.
+        PCD_CUDNN=0 python3 -m pytest -q -p no:cacheprovider -k "not emulated" tests/gpu -rfE 2>&1 \
+            | tee "$OUT/tests_our_kernels.log" | tail -25
+        row "real-GPU tests, cuDNN off" "$(grep -E '(passed|failed|error)' "$OUT/tests_our_kernels.log" | tail -1 |
+            tr -d '=')" "tests_our_kernels.log"
+    fi
 fi
 
 # --- benchmark --------------------------------------------------------------------------------------------------

@@ -204,9 +204,10 @@ class CudaDevice(RowMajorBlas, Device):
 
 def _cublas_candidates():
     try:
-        import nvidia.cublas    # the nvidia-cublas(-cu12/-cu13) wheels
-        for root in nvidia.cublas.__path__:
-            yield from sorted(glob.glob(os.path.join(root, "lib", "libcublas.so*")))
+        import nvidia           # the nvidia-cublas wheels: nvidia/cublas/lib (CUDA 12), nvidia/cu13/lib (CUDA 13)
+        for root in nvidia.__path__:
+            for lib in ("cublas", "cu13", "cu12"):
+                yield from sorted(glob.glob(os.path.join(root, lib, "lib", "libcublas.so*")))
     except ImportError:
         pass
     found = ctypes.util.find_library("cublas")
