@@ -23,7 +23,7 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/out/gpu_check}
 STEPS=${GPU_CHECK_STEPS:-build tests bench train workers}
 JOBS=$(nproc)
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$ROOT/out"     # out/: where prototxt/lenet_solver.prototxt snapshots
 T0=$(date +%s)
 say() { echo "== [t=$(( $(date +%s) - T0 ))s] $*"; }
 ROWS=()
