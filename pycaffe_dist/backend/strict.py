@@ -181,7 +181,9 @@ def check_gemm(memory, call, opa, opb, m, n, k, a, lda, b, ldb, c, ldc, strides=
 
 
 def check_gemv(memory, call, op, m, n, a, lda, x, y):
-    """cublasSgemv_v2 (incx = incy = 1): A is m x n whatever op is; x has n elements (m if op is T), y the other."""
+    """cublasSgemv_v2 (incx = incy = 1): A is m x n whatever op is; x has n elements (m if op is T), y the other.
+    cuBLAS 13.x's gemv was seen returning success on negative sizes and lda < max(1, m) on an H200, against its
+    documentation; we refuse them as the documentation says (each is a bug in our call)."""
     _check_operation(call, "trans", op)
     _check_sizes(call, m=m, n=n)
     _check_ld(call, "lda", lda, m, "m")

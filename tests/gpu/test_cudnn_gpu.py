@@ -42,8 +42,10 @@ def data(*shape, scale=1.0):
 
 
 @pytest.fixture
-def fresh_loader():
-    """cudnn.load() looks again in this test; the process's library (or its absence) comes back afterwards."""
+def fresh_loader(monkeypatch):
+    """cudnn.load() looks again in this test, whatever PCD_CUDNN the run has; the process's library (or its
+    absence) comes back afterwards."""
+    monkeypatch.delenv(cudnn.DISABLE_VARIABLE, raising=False)
     saved = dict(cudnn._library)
     cudnn.forget()
     yield

@@ -77,6 +77,11 @@ def test_gemm_batched_refuses_a_negative_batch_count(gpu):
     (T, 0, 2, 0, "lda = 0 < max(1, m = 0)"),
 ])
 def test_gemv_refuses_what_cublas_refuses(gpu, op, m, n, lda, detail):
+    if not gpu.name.startswith("emulated"):
+        # cuBLAS's documentation gives these as CUBLAS_STATUS_INVALID_VALUE, but cuBLAS 13.x's gemv returned
+        # success for all four on an H200 (CUDA 13, driver 580). The emulated device refuses them anyway: each
+        # is a bug in our call.
+        pytest.skip("cuBLAS 13's sgemv accepts these calls, against its documentation")
     a, x, y = arange(gpu, 16), arange(gpu, 4), arange(gpu, 4)
     refuses(gpu, "cublasSgemv_v2", detail, gpu._sgemv, op, m, n, 1.0, a, lda, x, 0.0, y)
 
