@@ -1,14 +1,33 @@
 """Pooling and SPP on the GPU code path against their CPU code (csrc/pooling.pyx, Caffe's rules).
 
-The GPU kernels take every window's inputs, and every input diff its terms, in the CPU kernels' order, so the
+Our GPU kernels take every window's inputs, and every input diff its terms, in the CPU kernels' order, so the
 results are the same bits; only STOCHASTIC's TEST backward differs in the last bits (the CPU kernel computes one
-term in double, and on a real GPU nvcc contracts a * b + c into one FMA, as it does for Caffe's kernels).
+term in double, and on a real GPU nvcc contracts a * b + c into one FMA, as it does for Caffe's kernels). On a real
+GPU with cuDNN, AVE pooling runs cuDNN's (engine DEFAULT, as Caffe's factory chooses), which sums and divides in
+its own order: within CUDNN_AVE_TOL, not the same bits (seen: 1.2e-7 absolute, 6.4e-7 relative on an H200 with
+cuDNN 9.19).
 """
 import numpy as np
 import pytest
 
+from pycaffe_dist.backend import cudnn
+from pycaffe_dist.errors import DeviceError
+from pycaffe_dist.layers import cudnn_engine
 from pycaffe_dist.proto import caffe_pb2
 from tests.gpu.test_conv_gpu import run_on_both
+
+CUDNN_AVE_TOL = dict(rtol=2e-6, atol=2e-7)
+
+
+def exactness(dev, extra):
+    """How closely the GPU path must match the CPU's for the pooling of `extra` on `dev`."""
+    if "AVE" in extra and cudnn_engine.is_cuda_device(dev):
+        try:
+            cudnn.load()
+            return dict(exact=False, tol=CUDNN_AVE_TOL)
+        except DeviceError:
+            pass
+    return dict(exact=True)
 
 RNG = np.random.default_rng(31)
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
@@ -49,7 +68,7 @@ CASES = [
 @pytest.mark.parametrize("phase", [TRAIN, TEST])
 @pytest.mark.parametrize("extra,shape", CASES)
 def test_max_and_ave(gpu, extra, shape, phase):
-    run_on_both(pool_text(extra), [data(*shape)], phase=phase, exact=True)
+    run_on_both(pool_text(extra), [data(*shape)], phase=phase, **exactness(gpu, extra))
 
 
 def test_max_ties_take_the_first_position(gpu):
@@ -86,7 +105,7 @@ def test_stochastic_train_with_negative_inputs_chooses_nothing_somewhere(gpu):
 
 def test_propagate_down_false_leaves_the_bottom_diff(gpu):
     _, bottom, _ = run_on_both(pool_text("pool: AVE kernel_size: 2"), [data(1, 2, 4, 4)], propagate_down=[False],
-                               exact=True)
+                               **exactness(gpu, "AVE"))
     np.testing.assert_array_equal(bottom[0].diff, 7.0)
 
 
