@@ -12,13 +12,22 @@ def cmd_net_info(args):
     from ..io.load import read_net
     from ..net.info import format_table
     from ..net.net import Net
+    from ..proto import caffe_pb2
     start = time.perf_counter()
-    net = Net(read_net(args.net), phase=args.phase, level=args.level, stages=args.stage,
+    # a pipeline cuts the net it trains: the TRAIN one
+    phase = caffe_pb2.TRAIN if args.pipeline is not None else args.phase
+    net = Net(read_net(args.net), phase=phase, level=args.level, stages=args.stage,
               fill_params=bool(args.weights))
     if args.weights:
         load_weights(net, args.weights)
     elapsed = time.perf_counter() - start
+    cut = None
+    if args.pipeline is not None:
+        from ..net.partition import format_partition, partition
+        cut = format_partition(net, partition(net, args.pipeline))     # an impossible cut: its line alone
     print(format_table(net))
+    if cut is not None:
+        print(cut)
     print("built in %.3f s" % elapsed)
     return 0
 
@@ -100,6 +109,8 @@ def add_verbs(verbs):
                    help="TRAIN or TEST (default TEST)")
     arguments.add_net_state(p)
     p.add_argument("--weights", help=".caffemodel to load (checks that its blob shapes fit)")
+    p.add_argument("--pipeline", type=int, metavar="K", help="also cut the TRAIN net (then the one shown) into K "
+                   "stages as `train --pipeline K` does: each layer's stage, FLOPs per stage, bytes across each cut")
     p.set_defaults(func=cmd_net_info)
 
     p = verbs.add_parser("device-query", help="show the CPU and the GPUs this build can compute on, or why none")

@@ -28,6 +28,38 @@ def test_net_info_train_phase_of_data_net_fails_cleanly():
     assert_clean_error(run, "layer 'mnist' (Data)", "cannot open data source 'examples/mnist/mnist_train_lmdb'")
 
 
+PIPELINE_NET = """
+name: "small"
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 8 dim: 1 dim: 12 dim: 12 } shape { dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "conv1" top: "ip1" inner_product_param { num_output: 16 } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+def test_net_info_pipeline_shows_each_layers_stage_and_each_cut(tmp_path):
+    net = tmp_path / "net.prototxt"
+    net.write_text(PIPELINE_NET)
+    run = dist_caffe("net-info", net, "--pipeline", "2")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    stages = {line.split()[2]: int(line.split()[1]) for line in lines if line.startswith("  stage ")}
+    assert stages["input"] == 0 and stages["loss"] == 1 and sorted(set(stages.values())) == [0, 1]
+    assert sum(line.startswith("stage ") for line in lines) == 2
+    cut = [line for line in lines if line.startswith("cut 0|1 after ")]
+    assert len(cut) == 1 and "label(8) no diff" in cut[0] and "B forward" in cut[0], run.stdout
+
+
+def test_net_info_pipeline_of_more_stages_than_layers_is_one_line(tmp_path):
+    net = tmp_path / "net.prototxt"
+    net.write_text(PIPELINE_NET)
+    assert_clean_error(dist_caffe("net-info", net, "--pipeline", "7"),
+                       "cannot be cut into 7 stages", "at most 6 stages")
+
+
 @pytest.mark.parametrize("rel", [r for r, e in sorted(UPGRADE.items()) if e["status"] == "upgraded"][::6])
 def test_upgrade_command_matches_caffe_tools(rel, tmp_path):
     entry = UPGRADE[rel]
