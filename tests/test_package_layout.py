@@ -264,7 +264,8 @@ def test_the_naming_rule_can_fail():
 
 # What solver/solver.py offers the distributed side (its section "what the distributed modes use").
 SOLVER_API = {"weights", "weight_names", "weight_shapes", "set_weights", "read_weights", "images_per_iteration",
-              "step_from", "compute_gradients", "apply_gradients", "test_at", "snapshot_at", "restore", "history_sets", "set_position", "position"}
+              "step_from", "compute_gradients", "apply_gradients", "test_at", "snapshot_at", "restore", "history_sets", "set_position", "position",
+              "train_net"}
 
 
 def solver_uses(source, label):

@@ -59,6 +59,10 @@ def add_train_flags(parser):
     parser.add_argument("--link", metavar="RATE:DELAY", help="emulate a network link per worker with network "
                         "namespaces and tc netem, needs root; e.g. 1gbit:0.2ms, 100mbit:2ms (each direction has "
                         "the rate and the one-way delay)")
+    parser.add_argument("--pipeline", type=int, metavar="K", help="pipelined model parallelism: cut the TRAIN net "
+                        "into K stages of balanced FLOPs, each a process (`net-info NET --pipeline K` shows the cut)")
+    parser.add_argument("--micro-batches", type=int, metavar="M", help="with --pipeline: micro-batches per batch "
+                        "(a divisor of the batch; default: the least divisor that is at least K)")
     add_mode_flags(parser)
 
 

@@ -49,6 +49,9 @@ def cmd_train(args):
     from ..io.load import read_solver
     from ..solver import training_log
     from ..solver.solver import Solver
+    if args.pipeline is not None or args.micro_batches is not None:
+        from .pipeline import cmd_train_pipeline
+        return cmd_train_pipeline(args)
     gpus = select.parse_gpus(args.gpu)
     if len(gpus) > 1 and args.workers is None:
         # Several GPUs train one net as Caffe's multi-GPU training does: synchronously, one worker per GPU.

@@ -212,6 +212,36 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
             signal.signal(signal.SIGTERM, on_term)
 
 
+def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0):
+    """`train --pipeline K` on this machine: a private redis-server, the pipeline's master (pipeline_master.py;
+    `settings` are its Settings, handed over as JSON on its standard input) and its K stages (pipeline.py), each a
+    process of its own; returns the master's exit code, as run_local."""
+    sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
+    server, children = None, []
+    try:
+        server = LocalRedis()
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                   MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **{PASSWORD_ENV: server.password})
+        settings = dataclasses.replace(settings, job=settings.job or new_job_id("pipeline"), redis=server.url)
+        python = [sys.executable, "-m", "pycaffe_dist"]
+        children.append(Child("master", python + ["pipeline-master", "--settings", "-"], env, sink,
+                              settings.to_json()))
+        for stage in range(settings.stages):
+            children.append(Child("stage %d" % stage, python + ["stage", "--redis", server.url, "--job", settings.job,
+                                                                "--stage", str(stage), "--threads", str(threads)],
+                                  env, sink))
+        watch_url = server.url.replace("://", "://:%s@" % server.password, 1)
+        return _supervise(children, watch_url, settings.job, progress, stop_timeout_s)
+    finally:
+        for child in children:
+            child.signal(signal.SIGKILL)
+        for child in children:
+            child.process.wait()
+            child.reader.join(5)
+        if server is not None:
+            server.stop()
+
+
 def _exit_on_term(number, frame):
     raise SystemExit(128 + number)
 

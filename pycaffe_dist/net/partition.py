@@ -178,9 +178,9 @@ def _best(positions, stages, prefix, last, combine, bound):
     return best[last]
 
 
-def stage_net_param(net, micro_batch):
+def stage_net_param(net, micro_batches):
     """The net every stage builds: the net as built, its layers without bottoms turned into Input layers of the same
-    tops, shaped for one micro-batch (stage 0 fills them from feed_net_param's net; elsewhere they only hold
+    tops, shaped for one of `micro_batches` micro-batches (stage 0 fills them from feed_net_param's net; elsewhere they only hold
     blobs). Everything else stays, so that each stage's net has the same layers, blobs and backward decisions as
     the whole net, and runs its own range of them."""
     param = caffe_pb2.NetParameter()
@@ -193,7 +193,7 @@ def stage_net_param(net, micro_batch):
         layer.top.extend(source.top)
         for blob_id in net.top_ids[layer_id][:len(source.top)]:
             shape = net.blob_list[blob_id].shape
-            layer.input_param.shape.add().dim.extend((micro_batch,) + tuple(shape[1:]))
+            layer.input_param.shape.add().dim.extend((shape[0] // micro_batches,) + tuple(shape[1:]))
     return param
 
 

@@ -446,6 +446,12 @@ class Solver:
     # the log lines and the snapshot names.
 
     @property
+    def train_net(self):
+        """The train net as built, to look at its graph and shapes (a pipeline cuts it into stages:
+        net/partition.py); it is not to be run or changed from outside."""
+        return self.net
+
+    @property
     def weights(self):
         """The learnable parameters' data, one host array per learnable blob (a shared blob once), in the net's
         order; read and written in place."""

@@ -124,7 +124,7 @@ def test_more_stages_than_the_net_allows_is_one_line():
 
 def test_every_stage_builds_the_same_net_with_inputs_of_a_micro_batch():
     net = build()
-    stage_net = Net(P.stage_net_param(net, 2), state=net.state, fill_params=False)
+    stage_net = Net(P.stage_net_param(net, 4), state=net.state, fill_params=False)
     assert stage_net.layer_names == net.layer_names
     assert stage_net.layer_need_backward == net.layer_need_backward
     assert stage_net.bottom_need_backward == net.bottom_need_backward

@@ -1,0 +1,109 @@
+"""The verbs of pipelined model parallelism: `train --pipeline K` on one machine (a private redis-server, the
+pipeline's master and K stage processes, distributed/launch.py), and `pipeline-master` and `stage`, the processes
+it starts."""
+import logging
+import signal
+import sys
+
+from ..errors import PycaffeDistError
+from . import arguments
+from .distributed import MASTER_ERROR, mode_options_given
+
+
+def cmd_train_pipeline(args):
+    """`train --pipeline K [--micro-batches M]`: the stages as processes, meeting at a private redis-server."""
+    from ..distributed import launch
+    from ..distributed.pipeline_master import Settings
+    from ..solver import training_log
+    if args.pipeline is None:
+        raise PycaffeDistError("--micro-batches cuts the batches of a pipeline: give --pipeline K")
+    if args.pipeline < 1:
+        raise PycaffeDistError("--pipeline must be at least 1, got %d" % args.pipeline)
+    if args.micro_batches is not None and args.micro_batches < 1:
+        raise PycaffeDistError("--micro-batches must be at least 1, got %d" % args.micro_batches)
+    if args.workers is not None or args.mode is not None or any(v is not None for _, v in mode_options_given(args)):
+        raise PycaffeDistError("--pipeline with data-parallel --workers/--mode: K stages x N replicas is not "
+                               "supported yet; give one of them")
+    for flag, value in (("--redis", args.redis), ("--link", args.link), ("--gpu", args.gpu),
+                        ("--redis-servers", args.redis_servers), ("--slow-worker", args.slow_worker or None)):
+        if value is not None:
+            raise PycaffeDistError("%s is not supported with --pipeline (its stages run on this machine's CPUs, "
+                                   "at a private redis-server)" % flag)
+    if args.snapshot and args.weights:
+        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
+    settings = Settings(solver=args.solver, stages=args.pipeline, micro_batches=args.micro_batches, job=args.job,
+                        snapshot=args.snapshot, weights=args.weights, heartbeat_s=args.heartbeat, keep=args.keep,
+                        max_iter=args.iterations, stats_path=args.stats, log=args.log)
+    handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
+    show = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    master_errors = []
+
+    def sink(line):
+        # the master's own error line becomes this command's one error line, at the end
+        if line.startswith(MASTER_ERROR):
+            text = line[len(MASTER_ERROR):]
+            master_errors.append(text[len("error: "):] if text.startswith("error: ") else text)
+        else:
+            show(line)
+    progress = training_log.DistributedProgress(handler) if handler is not None else None
+    try:
+        code = launch.run_pipeline_local(settings, threads=args.threads or 1, progress=progress, sink=sink)
+    finally:
+        if handler is not None:
+            handler.finish()
+    if code > 128:
+        why = "interrupted" if code == arguments.EXIT_INTERRUPTED else signal.Signals(code - 128).name
+        print("dist_caffe: %s: stopped the master and the stages" % why, file=sys.stderr)
+    elif code and master_errors:
+        raise PycaffeDistError(master_errors[-1])
+    elif code:
+        raise PycaffeDistError("the pipeline's master exited with status %d (see its log lines above)" % code)
+    return code
+
+
+def cmd_pipeline_master(args):
+    from ..distributed.pipeline_master import PipelineMaster, Settings
+    from ..solver import training_log
+    text = sys.stdin.read() if args.settings == "-" else _read_text(args.settings)
+    settings = Settings.from_json(text, "pipeline settings %s" % ("on stdin" if args.settings == "-"
+                                                                  else args.settings))
+    training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
+    master = PipelineMaster(settings)
+    master.run()
+    return 0
+
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        raise PycaffeDistError("%s: cannot read: %s" % (path, exc.strerror)) from None
+
+
+def cmd_stage(args):
+    from ..distributed.pipeline import Stage
+    from ..solver import training_log
+    training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
+    logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
+    stage = Stage(args.redis, args.job, args.stage, threads=args.threads or 1, wait_for_job_s=args.wait)
+    stats = stage.run()
+    print("stage %d: %d iterations, %.1f s computing, %.1f s waiting" % (
+        args.stage, stats["iterations"], stats["compute_s"], stats["wait_s"]), file=sys.stderr)
+    return 0
+
+
+def add_verbs(verbs):
+    p = verbs.add_parser("pipeline-master", help="the master of a pipeline (what `train --pipeline K` starts)")
+    p.add_argument("--settings", required=True, help="its settings as JSON, from this file ('-': standard input): "
+                   "the fields of distributed/pipeline_master.py's Settings")
+    p.set_defaults(func=cmd_pipeline_master)
+
+    p = verbs.add_parser("stage", help="a stage of a pipeline (what `train --pipeline K` starts)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL, as the master's")
+    p.add_argument("--job", help="job id (default: the only job on the server)")
+    p.add_argument("--stage", type=int, required=True, help="which stage (0: the data and the first layers)")
+    p.add_argument("--threads", type=int, help="CPU threads (default 1)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
+                   "(default 60)")
+    p.set_defaults(func=cmd_stage)

@@ -1,0 +1,397 @@
+"""A pipeline stage: one process that trains a consecutive range of the TRAIN net's layers (net/partition.py cuts
+it; pipeline_master.py publishes the job), DistBelief's model partitions run on GPipe's schedule (Huang et al.
+2019).
+
+Every stage builds the whole net as the master's Solver does, its data layers turned into Input layers of one
+micro-batch (so its layers, blobs and backward decisions are the whole net's), with no parameter filled; it runs
+only its own layers (Net.forward_from_to / backward_from_to) and holds only their parameters and activations.
+Stage 0 also reads the data: its data layers run whole batches in a net of their own, cut into micro-batches.
+
+One batch (GPipe): the M micro-batches forward one after the other, each stage handing the blobs crossing its cut
+on as soon as a micro-batch is through (so the stages work at once), then the M backwards in reverse order, each
+handing back the gradients of the blobs it received. Activations are not kept: a stage keeps what it received for
+each micro-batch and computes the micro-batch's forward again right before its backward (rematerialisation; the
+last one is still there). The recompute replays the draws of the layers' own random streams (Dropout), so it
+computes what the first forward did. The parameters' gradients add up over the micro-batches (and the solver's
+iter_size batches), and the update divides them by iter_size x M: Caffe's iter_size, which for layers that don't
+mix the samples of a batch is the whole batch's gradient. Each stage then applies the solver's update rule
+(solver/updates.py, as the Solver does) to its own parameters at the same iteration.
+
+The job's keys a pipeline adds are the store's per-owner blobs (x:{owner}) and queues (go:{owner}), with these
+owners:
+  stage{s}-act{m}   blobs: what crosses the cut after stage s, for micro-batch m
+  stage{s}-grad{m}  blobs: the gradients of what stage s received, for micro-batch m
+  stage{s}-state    blobs: stage s's parameters, then its solver history: from the master at the start, to the
+                    master when a snapshot or a test is due
+  stage{s}          queue: notices to stage s: forward (from s - 1), backward (from s + 1), halt (from s - 1)
+  stage{s}-ctl      queue: the master's messages to stage s: ack (of a state), halt (to stage 0), stop
+and the heartbeat hb:stage{s}.
+"""
+import logging
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+from google.protobuf import text_format
+
+from .. import common
+from ..errors import PycaffeDistError, StoreError
+from ..net.net import Net
+from ..proto import caffe_pb2
+from ..solver import updates
+from . import job as jobs
+from .store import Store
+
+log = logging.getLogger("pycaffe_dist.distributed")
+f32 = np.float32
+POLL_S = 0.5
+MASTER_TIMEOUT_BEATS = 10
+SPEC_KIND = "pipeline"
+
+
+def flow_queue(stage):
+    return "stage%d" % stage
+
+
+def control_queue(stage):
+    return "stage%d-ctl" % stage
+
+
+def activations(stage, micro):
+    return "stage%d-act%d" % (stage, micro)
+
+
+def gradients(stage, micro):
+    return "stage%d-grad%d" % (stage, micro)
+
+
+def state_blobs(stage):
+    return "stage%d-state" % stage
+
+
+def state_due(param, count, max_iter):
+    """Whether the stages hand their parameters to the master after `count` iterations: for a snapshot, a test,
+    or the end."""
+    return count >= max_iter or bool(param.snapshot and count % param.snapshot == 0) or \
+        bool(param.test_interval and count % param.test_interval == 0)
+
+
+def state_shapes(spec, stage, history_sets):
+    """The shapes of stage `stage`'s state blobs: its parameters, then each history set of them."""
+    shapes = [tuple(spec["blobs"][i]["shape"]) for i in spec["stages"][stage]["params"]]
+    return shapes * (1 + history_sets)
+
+
+class Stopped(Exception):
+    """The master said stop, or the job is done."""
+
+
+class Stage:
+    def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0):
+        self.job = jobs.find_job(urls, job)
+        self.store = Store(urls, self.job, retry_s)
+        self.spec = self._wait_for_spec(wait_for_job_s)
+        self.index, self.stages = int(stage), len(self.spec["stages"])
+        if not 0 <= self.index < self.stages:
+            raise PycaffeDistError("job %s has stages 0 to %d, not %d" % (self.job, self.stages - 1, self.index))
+        self.name = flow_queue(self.index)
+        self.threads = threads
+        self.heartbeat_s = float(self.spec["heartbeat_s"])
+        self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
+        self.stopping, self.error = threading.Event(), None
+        self.unacked = self.halt_requested = False
+        self.pending = None                 # a notice taken from the queue, not yet handled
+        self.waited_s = 0.0                 # this iteration's time waiting on the stages beside
+        self.stats = {"iterations": 0, "compute_s": 0.0, "wait_s": 0.0}
+
+    def _wait_for_spec(self, wait_s):
+        deadline = time.monotonic() + wait_s
+        while True:
+            spec = self.store.job_spec()
+            if spec is not None:
+                spec = jobs.check_spec(spec, "job %s" % self.job)
+                if spec.get("kind") != SPEC_KIND:
+                    raise StoreError("job %s is not a pipeline (mode %s): start `dist_caffe worker` for it"
+                                     % (self.job, spec.get("mode")))
+                return spec
+            if time.monotonic() > deadline:
+                raise StoreError("job %s has not been published on %s within %.0f s"
+                                 % (self.job, self.store.urls[0], wait_s))
+            time.sleep(0.2)
+
+    # --- setup -------------------------------------------------------------------------------------------------
+
+    def _build(self):
+        spec = self.spec
+        common.set_num_threads(self.threads)
+        self.param = text_format.Parse(spec["solver"], caffe_pb2.SolverParameter())
+        if self.param.random_seed >= 0:
+            common.set_random_seed(self.param.random_seed)   # the layers' random streams, keyed as in one process
+        state = text_format.Parse(spec["state"], caffe_pb2.NetState())
+        self.net = Net(text_format.Parse(spec["net"], caffe_pb2.NetParameter()), state=state, fill_params=False)
+        self.micro = int(spec["micro_batches"])
+        self.first, self.last = spec["stages"][self.index]["range"]
+        cuts = spec["cuts"]
+        self.inputs = cuts[self.index - 1] if self.index > 0 else None
+        self.outputs = cuts[self.index] if self.index < self.stages - 1 else None
+        self.feed = None
+        if self.index == 0:
+            self.feed = Net(text_format.Parse(spec["feed"], caffe_pb2.NetParameter()), state=state)
+            self.feed_tops = [self.feed.blob_names[i] for ids in self.feed.top_ids for i in ids]
+        if self.inputs is not None:
+            self.received = [[np.empty(s, f32) for s in self.inputs["shapes"]] for _ in range(self.micro)]
+        # The update divides the gradients summed over iter_size batches of M micro-batches by iter_size x M.
+        self.update_param = caffe_pb2.SolverParameter()
+        self.update_param.CopyFrom(self.param)
+        self.update_param.iter_size = self.param.iter_size * self.micro
+        owned = spec["stages"][self.index]["params"]
+        self.own = [self.net.learnable_params[i] for i in owned]
+        self.lr_mults = [self.net.params_lr[i] for i in owned]
+        self.decay_mults = [self.net.params_weight_decay[i] for i in owned]
+        self.history = updates.new_history(self.param, [b.shape for b in self.own])
+        self.random_layers = [layer for layer in self.net.layers[self.first:self.last + 1]
+                              if getattr(layer, "random_stream", None) is not None]
+
+    def _state_arrays(self):
+        return [b.data for b in self.own] + self.history
+
+    def _load_state(self):
+        arrays = self.store.get_result(state_blobs(self.index), [a.shape for a in self._state_arrays()])
+        for mine, given in zip(self._state_arrays(), arrays):
+            mine[...] = given
+        self.count, self.current_step = int(self.spec["start"]), int(self.spec["current_step"])
+
+    # --- messages ------------------------------------------------------------------------------------------------
+
+    def _beat(self):
+        while not self.stopping.wait(self.heartbeat_s / 4):
+            try:
+                self.store.worker_heartbeat(self.name, self.heartbeat_s)
+            except StoreError as exc:
+                self.error = exc
+                self.stopping.set()
+
+    def _control(self, message):
+        status = message.get("status")
+        if status == "stop":
+            raise Stopped()
+        if status == "ack":
+            self.unacked = False
+        elif status == "halt":
+            self.halt_requested = True
+
+    def _poll_control(self):
+        while True:
+            message = self.store.next_reply(control_queue(self.index), 0)
+            if message is None:
+                return
+            self._control(message)
+
+    def _wait(self, queue, accept):
+        """The next message on `queue` that accept(message) takes; the master's control messages are seen to
+        meanwhile. Gives up when the job ends or its master is gone."""
+        last_master = started = time.monotonic()
+        while True:
+            if self.error is not None:
+                raise self.error
+            if queue == self.name and self.pending is not None:
+                message, self.pending = self.pending, None
+            else:
+                message = self.store.next_reply(queue, POLL_S)
+            if queue == self.name:
+                self.waited_s += time.monotonic() - started
+                started = time.monotonic()
+            if message is not None:
+                if queue == control_queue(self.index):
+                    self._control(message)
+                if accept(message):
+                    return message
+                if queue != control_queue(self.index):
+                    raise StoreError("stage %d of job %s: unexpected notice %r" % (self.index, self.job, message))
+                continue
+            state = self.store.job_state()
+            if state != "running":
+                raise Stopped()
+            if self.store.master_alive():
+                last_master = time.monotonic()
+            elif time.monotonic() - last_master > self.master_timeout_s:
+                raise StoreError("the master of job %s has not been seen for %.0f s" % (self.job,
+                                                                                       self.master_timeout_s))
+
+    def _notice(self, kind, count, batch, micro):
+        return {"kind": kind, "count": count, "batch": batch, "micro": micro}
+
+    def _expect(self, kind, count, batch, micro):
+        wanted = self._notice(kind, count, batch, micro)
+        return self._wait(self.name, lambda m: m == wanted)
+
+    # --- one batch: GPipe's schedule ---------------------------------------------------------------------------
+
+    def _stream_positions(self):
+        return [layer.random_stream.counter for layer in self.random_layers]
+
+    def _set_stream_positions(self, positions):
+        for layer, counter in zip(self.random_layers, positions):
+            layer.random_stream.counter = counter
+
+    def _load(self, count, batch, micro, first_time):
+        """Put micro-batch `micro`'s inputs into the stage's blobs: stage 0's slice of the data, the others' blobs
+        received from the stage before (received once, kept for the recompute)."""
+        if self.index == 0:
+            for name in self.feed_tops:
+                whole = self.feed.blob_by_name(name).data
+                size = whole.shape[0] // self.micro
+                self.net.blob_by_name(name).data[...] = whole[micro * size:(micro + 1) * size]
+            return
+        if first_time:
+            self._expect("forward", count, batch, micro)
+            self.store.get_result(activations(self.index - 1, micro), self.inputs["shapes"],
+                                  out=self.received[micro])
+        for name, array in zip(self.inputs["blobs"], self.received[micro]):
+            self.net.blob_by_name(name).data[...] = array
+
+    def _send_forward(self, count, batch, micro):
+        arrays = [self.net.blob_by_name(name).data for name in self.outputs["blobs"]]
+        self.store.put_result(activations(self.index, micro), arrays, count)
+        self.store.reply_to(flow_queue(self.index + 1), self._notice("forward", count, batch, micro))
+
+    def _receive_backward(self, count, batch, micro):
+        self._expect("backward", count, batch, micro)
+        names = [n for n, d in zip(self.outputs["blobs"], self.outputs["needs_diff"]) if d]
+        if names:
+            diffs = [self.net.blob_by_name(n).diff for n in names]
+            self.store.get_result(gradients(self.index + 1, micro), [d.shape for d in diffs], out=diffs)
+
+    def _send_backward(self, count, batch, micro):
+        names = [n for n, d in zip(self.inputs["blobs"], self.inputs["needs_diff"]) if d]
+        if names:
+            self.store.put_result(gradients(self.index, micro), [self.net.blob_by_name(n).diff for n in names],
+                                  count)
+        # sent with nothing to carry too: the stages stay in step, so each queue sees its notices in order
+        self.store.reply_to(flow_queue(self.index - 1), self._notice("backward", count, batch, micro))
+
+    def _batch(self, count, batch):
+        """One batch's forwards and backwards; returns the mean of its micro-batches' losses (of this stage's
+        loss layers)."""
+        loss = f32(0)
+        if self.index == 0:
+            self.feed.forward_from_to()
+        positions = []
+        for micro in range(self.micro):
+            self._load(count, batch, micro, first_time=True)
+            positions.append(self._stream_positions())
+            loss += f32(self.net.forward_from_to(self.first, self.last))
+            if self.outputs is not None:
+                self._send_forward(count, batch, micro)
+        after = self._stream_positions()
+        for micro in reversed(range(self.micro)):
+            if micro != self.micro - 1:
+                # rematerialise: the net holds the last micro-batch's activations only
+                self._load(count, batch, micro, first_time=False)
+                self._set_stream_positions(positions[micro])
+                self.net.forward_from_to(self.first, self.last)
+            if self.outputs is not None:
+                self._receive_backward(count, batch, micro)
+            self.net.backward_from_to(self.last, self.first)
+            if self.inputs is not None:
+                self._send_backward(count, batch, micro)
+        self._set_stream_positions(after)
+        return loss / f32(self.micro)
+
+    def _iteration(self, count):
+        for blob in self.own:
+            blob.diff[...] = 0
+        loss = f32(0)
+        for batch in range(self.param.iter_size):
+            loss += self._batch(count, batch)
+        result = updates.compute_steps(self.update_param, [b.data for b in self.own], [b.diff for b in self.own],
+                                       self.lr_mults, self.decay_mults, self.history, count, self.current_step,
+                                       "solver", apply=True)
+        self.current_step = result["current_step"]
+        return float(loss / f32(self.param.iter_size)), float(result["rate"])
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+
+    def _put_state(self, final):
+        if self.unacked:
+            self._wait(control_queue(self.index), lambda m: m.get("status") == "ack")
+        self.store.put_result(state_blobs(self.index), self._state_arrays(), self.count)
+        self.unacked = True
+        self.store.send_to_master({"type": "state", "stage": self.index, "count": self.count, "final": final})
+        self.state_at = self.count
+
+    def _train(self):
+        max_iter = int(self.spec["max_iter"])
+        self.state_at = None
+        while True:
+            if self.index == 0:
+                self._poll_control()
+                if self.count >= max_iter or self.halt_requested:
+                    if self.stages > 1:
+                        self.store.reply_to(flow_queue(1), {"kind": "halt", "count": self.count})
+                    break
+            else:
+                # the stage before says what comes next: this iteration's first forward, or halt
+                first = self._wait(self.name, lambda m: True)
+                if first.get("kind") == "halt":
+                    if int(first.get("count", -1)) != self.count:
+                        raise StoreError("stage %d of job %s: halt at %s, but it is at %d" % (
+                            self.index, self.job, first.get("count"), self.count))
+                    if self.index < self.stages - 1:
+                        self.store.reply_to(flow_queue(self.index + 1), first)
+                    break
+                self.pending = first                        # where _expect takes it first
+            started, self.waited_s = time.perf_counter(), 0.0
+            loss, rate = self._iteration(self.count)
+            self.count += 1
+            seconds = time.perf_counter() - started
+            self.stats["iterations"] += 1
+            self.stats["wait_s"] += self.waited_s
+            self.stats["compute_s"] += seconds - self.waited_s
+            self.store.send_to_master({"type": "iteration", "stage": self.index, "iter": self.count - 1,
+                                       "loss": loss, "rate": rate, "compute_s": seconds - self.waited_s,
+                                       "wait_s": self.waited_s})
+            if state_due(self.param, self.count, max_iter):
+                self._put_state(final=False)
+        if self.state_at == self.count:
+            self.store.send_to_master({"type": "state", "stage": self.index, "count": self.count, "final": True,
+                                       "again": True})
+        else:
+            self._put_state(final=True)
+        self._wait(control_queue(self.index), lambda m: False)      # until the master says stop
+
+    def run(self):
+        beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self.store.worker_heartbeat(self.name, self.heartbeat_s)
+        beat.start()
+        try:
+            self._build()
+            self._load_state()
+            self.store.send_to_master({"type": "ready", "stage": self.index, "host": socket.gethostname(),
+                                       "pid": os.getpid()})
+            log.info("stage %d of job %s: layers %s to %s, %d micro-batches", self.index, self.job,
+                     self.net.layer_names[self.first], self.net.layer_names[self.last], self.micro)
+            self._train()
+        except Stopped:
+            pass
+        except PycaffeDistError as exc:
+            self._tell_master(str(exc))
+            raise
+        except Exception as exc:
+            self._tell_master("%s: %s" % (type(exc).__name__, exc))
+            raise
+        finally:
+            self.stopping.set()
+            try:
+                self.store.leave(self.name)
+            except StoreError:
+                pass
+        return self.stats
+
+    def _tell_master(self, text):
+        try:
+            self.store.send_to_master({"type": "error", "stage": self.index, "error": text[:2000]})
+        except StoreError:
+            pass

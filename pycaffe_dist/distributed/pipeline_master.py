@@ -1,0 +1,355 @@
+"""The master of a pipeline (`train --pipeline K`): cuts the TRAIN net into K stages (net/partition.py), publishes
+the job, hands each stage its parameters, then follows the stages (pipeline.py): it displays the loss, and when a
+snapshot or a test is due the stages hand it their parameters and solver history, from which it assembles the
+whole net's weights into its own Solver: Caffe's .caffemodel / .solverstate of the whole net, and the TEST nets
+scored on the tester's thread (tester.py) as for a data-parallel job, while the stages train on.
+
+Its Solver is built as one process builds it, so the stages start from the weights `dist_caffe train` starts
+from (the same fillers under the same seed), and a job started from a snapshot or weights hands those on.
+"""
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+from google.protobuf import text_format
+
+from .. import common
+from ..errors import PycaffeDistError, StoreError
+from ..io.load import read_solver
+from ..net import partition as cutting
+from ..solver import lr_policy
+from ..solver.solver import Solver
+from ..solver.training_log import caffe_number
+from . import job as jobs
+from . import pipeline as stages
+from .store import Store
+from .tester import Tester
+
+log = logging.getLogger("pycaffe_dist.solver")
+POLL_S = 0.2
+
+
+@dataclasses.dataclass
+class Settings:
+    """What a pipeline's master is told (as JSON by the one-machine launcher)."""
+    redis: str = "redis://127.0.0.1:6379"
+    solver: str = None
+    stages: int = 2
+    micro_batches: int = None
+    job: str = None
+    snapshot: str = None
+    weights: str = None
+    threads: int = 1
+    heartbeat_s: float = 5.0
+    join_timeout_s: float = 300.0
+    keep: bool = False
+    max_iter: int = None
+    stats_path: str = None
+    retry_s: float = 30.0
+    log: str = None
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text, source="pipeline settings"):
+        try:
+            values = json.loads(text)
+        except ValueError as exc:
+            raise PycaffeDistError("%s: not JSON: %s" % (source, exc)) from None
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(values, dict) or set(values) - names:
+            raise PycaffeDistError("%s: expected a JSON object of %s" % (source, ", ".join(sorted(names))))
+        return cls(**values)
+
+
+def micro_batches_for(sizes, stages, asked=None):
+    """The micro-batches per batch: `asked`, which must divide every batch, or by default the least divisor of the
+    batch that is at least the number of stages (so that every stage has work at once)."""
+    name, batch = min(sizes.items(), key=lambda kv: kv[1])
+    if asked is not None:
+        if asked < 1:
+            raise PycaffeDistError("--micro-batches must be at least 1, got %d" % asked)
+        for top, size in sizes.items():
+            if size % asked:
+                raise PycaffeDistError("--micro-batches %d does not divide the batch of %d (top '%s'): give a "
+                                       "divisor of it" % (asked, size, top))
+        return asked
+    return next(m for m in range(min(stages, batch), batch + 1) if all(s % m == 0 for s in sizes.values()))
+
+
+class PipelineMaster:
+    def __init__(self, settings):
+        common.set_num_threads(settings.threads)
+        self.settings = settings
+        param = jobs.inline_nets(read_solver(settings.solver))
+        if settings.weights:
+            param.ClearField("weights")
+            param.weights.append(settings.weights)
+        if settings.max_iter is not None:
+            param.max_iter = settings.max_iter
+        if param.clip_gradients >= 0:
+            raise PycaffeDistError("%s: clip_gradients needs the norm of all the stages' gradients at once: not "
+                                   "supported with --pipeline yet" % settings.solver)
+        self.param = param
+        self.solver = Solver(param)
+        if settings.snapshot:
+            self.solver.restore(settings.snapshot, data_position=False)
+        self.count, self.current_step = self.solver.position
+        net = self.solver.train_net
+        self.partition = cutting.partition(net, settings.stages)
+        self.micro = micro_batches_for(cutting.batch_sizes(net), settings.stages, settings.micro_batches)
+        mixing = cutting.sample_mixing_layers(net)
+        if mixing and self.micro > 1:
+            raise PycaffeDistError("layer '%s' (BatchNorm) computes its statistics over the batch: in %d "
+                                   "micro-batches it would see a part of it; give --micro-batches 1 or "
+                                   "use_global_stats" % (mixing[0], self.micro))
+        self.K = self.partition.stages
+        self.history_sets = len(self.solver.history_sets())
+        self.names, self.shapes = self.solver.weight_names(), self.solver.weight_shapes
+        micro_shapes = lambda shapes: [[s[0] // self.micro] + list(s[1:]) for s in shapes]
+        self.spec = {
+            "version": jobs.SPEC_VERSION, "kind": stages.SPEC_KIND, "mode": "pipeline",
+            "options": {"stages": self.K, "micro_batches": self.micro},
+            "solver": text_format.MessageToString(param), "heartbeat_s": settings.heartbeat_s, "workers": self.K,
+            "blobs": [{"name": n, "shape": list(s)} for n, s in zip(self.names, self.shapes)],
+            "net": text_format.MessageToString(cutting.stage_net_param(net, self.micro)),
+            "feed": text_format.MessageToString(cutting.feed_net_param(net)),
+            "state": text_format.MessageToString(net.state),
+            "stages": [{"range": list(r), "params": p} for r, p in zip(self.partition.ranges, self.partition.params)],
+            "cuts": [{"blobs": c.blobs, "shapes": micro_shapes(c.shapes), "needs_diff": c.needs_diff}
+                     for c in self.partition.cuts],
+            "micro_batches": self.micro, "start": self.count, "current_step": self.current_step,
+            "max_iter": param.max_iter, "cwd": os.getcwd()}
+        self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
+        self.store = Store(settings.redis, self.job, settings.retry_s)
+        if self.store.job_spec() is not None:
+            raise StoreError("job %s already exists on %s (choose another --job)" % (self.job, self.store.urls[0]))
+        self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
+        self.ready, self.reports, self.states, self.finals = {}, {}, {}, {}
+        self.stage_stats = {s: {"compute_s": 0.0, "wait_s": 0.0, "iterations": 0} for s in range(self.K)}
+        self.losses, self.test_results, self.snapshots = [], [], []
+        self.stop_requested = self.halt_sent = self.started = False
+        self.started_at = self.display_at = time.monotonic()
+        self.done_count = self.count
+        self.images_per_iteration = self.solver.images_per_iteration
+
+    # --- the stages' state ---------------------------------------------------------------------------------------
+
+    def _state_arrays(self, stage):
+        """The master's arrays of stage `stage`'s state: its parameters, then each history set of them."""
+        owned = self.partition.params[stage]
+        weights = self.solver.weights
+        arrays = [weights[i] for i in owned]
+        for history in self.solver.history_sets():
+            arrays += [history[i] for i in owned]
+        return arrays
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+
+    def run(self):
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._request_stop)
+        try:
+            for s in range(self.K):
+                self.store.put_result(stages.state_blobs(s), self._state_arrays(s), self.count)
+            self.store.publish_job(self.spec)
+            self.store.master_heartbeat(self.settings.heartbeat_s)
+            log.info("Pipeline of %d stages, %d micro-batches per batch of %d images: %s", self.K, self.micro,
+                     self.images_per_iteration // max(1, self.param.iter_size),
+                     "; ".join("stage %d %s..%s" % (s, self.solver.train_net.layer_names[a],
+                                                    self.solver.train_net.layer_names[b])
+                               for s, (a, b) in enumerate(self.partition.ranges)))
+            self._serve()
+        except BaseException:
+            self._end(failed=True)
+            raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        return self.summary()
+
+    def _request_stop(self, number, frame):
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        log.info("Stop requested: finishing (snapshot, test, stopping the stages)")
+        self.stop_requested = True
+
+    def _serve(self):
+        last_check = time.monotonic()
+        while True:
+            if self.stop_requested and not self.halt_sent:
+                self.store.reply_to(stages.control_queue(0), {"status": "halt"})
+                self.halt_sent = True
+            message = self.store.next_message(POLL_S)
+            if message is not None and self._handle(message):
+                break
+            if time.monotonic() - last_check > 0.25:
+                self._housekeeping()
+                last_check = time.monotonic()
+        self._finish()
+
+    def _handle(self, message):
+        """Handle one message; True when the stages are all done."""
+        kind, stage = message.get("type"), int(message.get("stage", -1))
+        if not 0 <= stage < self.K:
+            return False
+        if kind == "error":
+            raise PycaffeDistError("stage %d: %s" % (stage, message.get("error")))
+        if kind == "ready":
+            self.ready[stage] = message
+            if len(self.ready) == self.K:
+                self.started = True
+                self.started_at = self.display_at = time.monotonic()
+                log.info("Starting: %d stages ready", self.K)
+                if self.param.test_interval and self.param.test_initialization and self.count == 0:
+                    self._test(self.count)
+        elif kind == "iteration":
+            self._reported(stage, message)
+        elif kind == "state":
+            count = int(message["count"])
+            if not message.get("again"):
+                self.store.get_result(stages.state_blobs(stage), [a.shape for a in self._state_arrays(stage)],
+                                      out=self._state_arrays(stage))
+                self.store.reply_to(stages.control_queue(stage), {"status": "ack"})
+                self.states.setdefault(count, set()).add(stage)
+                if len(self.states[count]) == self.K:
+                    self._assembled(count)
+            if message.get("final"):
+                self.finals[stage] = count
+                if len(self.finals) == self.K:
+                    if len(set(self.finals.values())) != 1:
+                        raise PycaffeDistError("the stages stopped at different iterations: %s" % self.finals)
+                    self.done_count = count
+                    return True
+        return False
+
+    def _reported(self, stage, message):
+        it = int(message["iter"])
+        stats = self.stage_stats[stage]
+        stats["compute_s"] += float(message.get("compute_s", 0.0))
+        stats["wait_s"] += float(message.get("wait_s", 0.0))
+        stats["iterations"] += 1
+        reports = self.reports.setdefault(it, {})
+        reports[stage] = message
+        if len(reports) < self.K:
+            return
+        del self.reports[it]
+        loss = float(np.float32(sum(np.float32(m.get("loss", 0.0)) for m in reports.values())))
+        self.losses = (self.losses + [loss])[-max(1, self.param.average_loss):]
+        self.count = it + 1
+        p = self.param
+        if p.display and it % p.display == 0:
+            now = time.monotonic()
+            lapse = now - self.display_at
+            log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", it,
+                     caffe_number(p.display / (lapse or 1) if it else 0), caffe_number(lapse), p.display,
+                     caffe_number(np.float32(np.mean(self.losses))))
+            log.info("Iteration %d, lr = %s", it, caffe_number(np.float32(reports[0].get("rate", 0.0))))
+            log.info("Stages: %s", self.stages_text())
+            self.display_at = now
+
+    def _assembled(self, count):
+        """Every stage's state at `count` is in the Solver: snapshot and test as due."""
+        del self.states[count]
+        p = self.param
+        if p.snapshot and count % p.snapshot == 0:
+            self._snapshot(count)
+        if p.test_interval and count % p.test_interval == 0 and count < p.max_iter:
+            self._test(count)
+
+    def _housekeeping(self):
+        self.store.master_heartbeat(self.settings.heartbeat_s)
+        self.store.put_progress(self.progress())
+        names = [stages.flow_queue(s) for s in range(self.K)]
+        if not self.started:
+            if time.monotonic() - self.started_at > self.settings.join_timeout_s:
+                raise StoreError("job %s: only %d of %d stages ready after %.0f s" % (
+                    self.job, len(self.ready), self.K, self.settings.join_timeout_s))
+            names = [stages.flow_queue(s) for s in self.ready]
+        for name, alive in zip(names, self.store.workers_alive(names)):
+            if not alive and int(name[len("stage"):]) not in self.finals:
+                raise PycaffeDistError("%s has no heartbeat for %g s: a pipeline cannot go on without one of its "
+                                       "stages" % (name.replace("stage", "stage "), self.settings.heartbeat_s))
+
+    def _test(self, count):
+        if self.tester is not None:
+            self.tester.start(self.solver.weights, count)
+
+    def _scored(self, iteration, scores):
+        for i, net_scores in enumerate(scores):
+            self.test_results.append({"iter": iteration, "time_s": time.monotonic() - self.started_at,
+                                      "net": i, "scores": dict(net_scores)})
+
+    def _snapshot(self, count):
+        self.solver.set_position(count, self.current_step_at(count))
+        model, _ = self.solver.snapshot_at(count)
+        self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
+
+    def current_step_at(self, count):
+        return lr_policy.steps_taken(self.param, count)
+
+    def _finish(self):
+        p, count = self.param, self.done_count
+        stopped_early = count < p.max_iter
+        if p.snapshot_after_train and (not p.snapshot or count % p.snapshot != 0):
+            self._snapshot(count)
+        if not stopped_early:
+            self._test(count)
+        if self.tester is not None:
+            self.tester.wait()
+        log.info("Optimization %s after %d iterations.", "stopped" if stopped_early else "Done", count)
+        log.info("Stages: %s", self.stages_text())
+        self._end(failed=False)
+
+    def _end(self, failed):
+        """Tell the stages to stop, wait a little for them to go, write the stats, remove the job's keys."""
+        try:
+            self.store.finish_job()
+            for s in range(self.K):
+                self.store.reply_to(stages.control_queue(s), {"status": "stop"})
+            names = [stages.flow_queue(s) for s in range(self.K)]
+            deadline = time.monotonic() + (2.0 if failed else 10.0)
+            while names and time.monotonic() < deadline:
+                names = [n for n, alive in zip(names, self.store.workers_alive(names)) if alive]
+                time.sleep(0.05)
+            if self.settings.stats_path:
+                with open(self.settings.stats_path, "w") as f:
+                    json.dump(self.summary(), f, indent=1)
+            if not self.settings.keep:
+                self.store.remove_job()
+        except StoreError:
+            if not failed:
+                raise
+
+    # --- reporting -----------------------------------------------------------------------------------------------
+
+    def stages_text(self):
+        parts = []
+        for s, stats in sorted(self.stage_stats.items()):
+            total = stats["compute_s"] + stats["wait_s"]
+            parts.append("%d %.1f ms/iter, %.0f%% waiting" % (s, 1e3 * total / max(1, stats["iterations"]),
+                                                            100 * stats["wait_s"] / total if total else 0))
+        return ", ".join(parts)
+
+    def progress(self):
+        now = time.monotonic()
+        elapsed = max(1e-9, now - self.started_at)
+        total = sum(s["compute_s"] + s["wait_s"] for s in self.stage_stats.values())
+        done = self.count - self.spec["start"]
+        return {"job": self.job, "mode": "pipeline", "count": self.count, "max_iter": self.param.max_iter,
+                "loss": float(np.mean(self.losses)) if self.losses else None, "started": self.started,
+                "elapsed_s": now - self.started_at,
+                "exchange_share": sum(s["wait_s"] for s in self.stage_stats.values()) / total if total else 0.0,
+                "workers": {str(s): done * self.images_per_iteration / elapsed for s in range(self.K)},
+                "test": self.test_results[-1] if self.test_results else None, "snapshots": self.snapshots}
+
+    def summary(self):
+        return dict(self.progress(), stages=self.K, micro_batches=self.micro, tests=self.test_results,
+                    ranges=self.partition.ranges, stage_stats=self.stage_stats)
