@@ -3,13 +3,14 @@
 It publishes the job (store.py lists the keys), writes W to Redis, waits for its workers, then serves its inbox:
 join (answered with a data shard), ready, result (the mode merges or drops it), leave. After each batch of
 messages it writes W once, in one transaction with its state (merge count), and only then sends the replies, so a
-worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone.
+worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone. Gossip has no central
+W (modes/gossip.py): there W is made the mean of the workers' own weights for each test, snapshot and newcomer.
 
 Units: max_iter, display, test_interval, snapshot and the learning-rate schedule count merges (one per merged
-result; one per round in sync), as SpeeDO counted them. The TEST nets score a copy of W every test_interval
-merges and at the end, on the tester's thread (tester.py) while merging goes on; snapshots are Caffe's
-.caffemodel / .solverstate of W (the solver state holds the master's update history in gradient-only mode, zeros
-otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
+result; one per round of the live workers in sync and gossip), as SpeeDO counted them. The TEST nets score a copy
+of W every test_interval merges and at the end, on the tester's thread (tester.py) while merging goes on;
+snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's update history in
+gradient-only mode, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
 
 A result, a gradient or a merged W that holds NaN or Inf is refused: the job stops with one line, a snapshot of
 the last finite W and a non-zero exit (DivergedError).

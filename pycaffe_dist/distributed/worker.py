@@ -3,7 +3,8 @@
 Lifecycle, all through Redis: take an id, beat the heart (a key with a TTL), join (the master answers with a data
 shard), build the solver, say ready, wait for the welcome, then rounds until told to stop. A round starts from
 weights x, runs tau solver steps at the global iteration the master sent (its learning rate), and pushes the
-mode's result; the master's reply says merged, dropped or reset, and what to pull.
+mode's result; the master's reply says merged, dropped or reset, and what to pull (W; in gossip, a live peer's
+weights).
 
 Exchange and computation overlap (the mode's depth 1): a single exchange thread pushes round r's result, waits
 for the reply and pulls, while the main thread computes round r+1; the next round then starts where the mode
