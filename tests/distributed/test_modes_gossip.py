@@ -1,5 +1,7 @@
 """Gossip mode (modes/gossip.py): the master's rule on its own (the count, the live peers, the mean it tests), the
-worker's averaging, and a job of 3 worker processes that loses one to SIGKILL and goes on among the other two."""
+worker's averaging, a job of 3 worker processes that loses one to SIGKILL and goes on among the other two, and a
+job that diverges."""
+import json
 import math
 import re
 import signal
@@ -9,8 +11,11 @@ import pytest
 
 from pycaffe_dist.distributed.modes import gossip, resolve_options
 from pycaffe_dist.errors import DivergedError
+from pycaffe_dist.io.caffemodel import load_weights
+from pycaffe_dist.io.load import read_solver
+from pycaffe_dist.pycaffe import TEST, Net
 
-from .conftest import accuracies, wait_for_merges
+from .conftest import accuracies, needs_fashion_mnist, train_on_workers, wait_for_merges
 
 
 class Recorder:
@@ -132,3 +137,24 @@ def test_gossip_survives_a_killed_worker_among_the_live_ones(procs, make_solver,
     assert stats["averaged_share"] > 0.9, stats
     rounds = [int(re.search(r"worker %d: (\d+) rounds" % i, procs.log("worker%d" % i)).group(1)) for i in (0, 1)]
     assert min(rounds) > 0.3 * iterations, rounds       # both went on after the kill
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+@needs_fashion_mnist
+def test_a_diverging_worker_stops_the_job_with_one_line_and_a_finite_snapshot(lenet_solver, tmp_path):
+    """base_lr 1.0: a worker's loss turns NaN; the master, which reads no weights between tests, stops on that
+    loss before the worker's weights spread further, and keeps the last finite mean."""
+    solver = lenet_solver(base_lr=1.0, max_iter=500)
+    run = train_on_workers(solver, 4, "gossip", tmp_path / "stats.json", timeout=300)
+    assert run.returncode == 1, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert len(errors) == 1, errors
+    found = re.match(r"dist_caffe: error: training diverged in mode gossip at merge (\d+): worker \d+'s loss is "
+                     r"(nan|inf|-inf); the last finite weights are in (\S+\.caffemodel) "
+                     r"\(lower the solver's base_lr\)$", errors[0])
+    assert found, errors[0]
+    net = Net(read_solver(str(solver)).net, TEST)
+    load_weights(net, found.group(3))
+    assert all(np.isfinite(blob.data).all() for blob in net.learnable_params)
+    assert json.loads((tmp_path / "stats.json").read_text())["count"] == int(found.group(1))
