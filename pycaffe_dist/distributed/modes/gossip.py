@@ -22,7 +22,9 @@ every live worker (as in sync: the learning-rate schedule, max_iter, display, te
 rounds of the N workers, so the images of B batches are B / N iterations): each worker's local steps run at the
 rate of that count, which stays the same for a worker that joins late. Every test_interval, and for each
 snapshot, the master reads the live workers' weights and tests their mean; a worker that joins starts from that
-mean too. Nothing else is read centrally: no process sees every worker's weights between tests."""
+mean too. Nothing else is read centrally: no process sees every worker's weights between tests. The master
+writes W (the mean) and its count to Redis only then, so a master restarted with --resume goes on from the count
+of its last test, snapshot or join, and resets the live workers to their mean."""
 import math
 import random
 
