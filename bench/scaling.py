@@ -25,10 +25,11 @@ root (the net's Data layers read data/fashion-mnist/{train,test}.datumfile relat
     modes' defaults; a mode that cannot run without options fails and is reported as failed), plus `--link
     RATE:DELAY` when given (the link applies to our distributed runs only; the references run locally).
     A distributed run counts merges: one merge takes one worker batch (64 images, tau 1) in the async-like modes
-    and one round of all N workers (64 N images) in sync, so it runs batches (sync: batches / N) merges.
+    and one round of all N workers (64 N images) in sync and gossip, so it runs batches (sync, gossip: batches / N)
+    merges. Gossip has no global W: its snapshots are the mean of the workers' weights.
 Each run gets its own solver (--out/<run>/solver.prototxt): lenet_solver with no tests during training, random
 seed 1, a snapshot of the (global) weights every --every batches' images (every --every iterations, merges in the
-async-like modes, --every / N merges in sync and DDP steps) and after the last one.
+async-like modes, --every / N merges in sync, gossip and DDP steps) and after the last one.
 Units: wall seconds from just before the first child is started (Python start-up, torch's import, the private
 redis-server and the workers' joining included) to the snapshot file's mtime. Only after all runs are done (so that
 scoring does not compete with training for the cores) is every snapshot scored in this process, with our Net, on
@@ -67,7 +68,8 @@ sys.path.insert(0, str(REPO))             # the checkout's package, installed or
 SOLVER = REPO / "prototxt" / "lenet_solver.prototxt"
 NET = REPO / "prototxt" / "lenet_train_test.prototxt"
 DATA = [REPO / "data" / "fashion-mnist" / f for f in ("train.datumfile", "test.datumfile")]
-MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only")
+MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip")
+PER_ROUND = ("sync", "gossip")      # the modes whose merge is a round of all N workers
 BATCH, TEST_BATCHES, SCALE = 64, 100, 0.00390625        # lenet_train_test: batch 64, transform scale 1/256
 TARGET_N, TARGET_THREADS = 8, 2
 TARGET_VS_2_THREADS, TARGET_VS_DDP, TARGET_EXCHANGE = 0.25, 0.8, 0.10
@@ -110,7 +112,7 @@ def new_run(args, kind, n, threads, mode=None):
     name = {"single": "1 process, %d thread%s" % (threads, "" if threads == 1 else "s"),
             "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind]
     # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together.
-    per_iter = n if kind == "ddp" or mode == "sync" else 1
+    per_iter = n if kind == "ddp" or mode in PER_ROUND else 1
     if args.batches % per_iter or args.every % per_iter:
         print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
               % (name, args.batches, args.every, per_iter), flush=True)
@@ -535,7 +537,7 @@ def main():
     ap.add_argument("--every", type=int, default=80, help="snapshot (test point) every N batches' images "
                     "(default 80: a multiple of every N of the default --workers)")
     ap.add_argument("--workers", default="1,2,4,8,16", help="comma list of N (capped: N x --threads <= cores)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes (default: all six)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes (default: all of them)")
     ap.add_argument("--threads", type=int, default=1, help="threads of each worker and DDP rank (default 1)")
     ap.add_argument("--link", metavar="RATE:DELAY", help="passed to our distributed runs as `train --link`")
     ap.add_argument("--target", type=float, default=0.85, help="the test accuracy to time (default 0.85)")

@@ -3,13 +3,14 @@
 It publishes the job (store.py lists the keys), writes W to Redis, waits for its workers, then serves its inbox:
 join (answered with a data shard), ready, result (the mode merges or drops it), leave. After each batch of
 messages it writes W once, in one transaction with its state (merge count), and only then sends the replies, so a
-worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone.
+worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone. Gossip has no central
+W (modes/gossip.py): there W is made the mean of the workers' own weights for each test, snapshot and newcomer.
 
 Units: max_iter, display, test_interval, snapshot and the learning-rate schedule count merges (one per merged
-result; one per round in sync), as SpeeDO counted them. The TEST nets score a copy of W every test_interval
-merges and at the end, on the tester's thread (tester.py) while merging goes on; snapshots are Caffe's
-.caffemodel / .solverstate of W (the solver state holds the master's update history in gradient-only mode, zeros
-otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
+result; one per round of the live workers in sync and gossip), as SpeeDO counted them. The TEST nets score a copy
+of W every test_interval merges and at the end, on the tester's thread (tester.py) while merging goes on;
+snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's update history in
+gradient-only mode, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
 
 A result, a gradient or a merged W that holds NaN or Inf is refused: the job stops with one line, a snapshot of
 the last finite W and a non-zero exit (DivergedError).
@@ -209,9 +210,9 @@ class Master:
 
     # --- what the modes call -----------------------------------------------------------------------------------
 
-    def reply(self, worker, status):
+    def reply(self, worker, status, **fields):
         member = self.members.get(worker)
-        message = {"status": status, "iter": self.count, "epoch": self.epoch, "workers": len(self.members)}
+        message = dict(fields, status=status, iter=self.count, epoch=self.epoch, workers=len(self.members))
         if member is not None and member.last_round is not None:
             message["round"] = member.last_round
         self.replies.append((worker, message))
@@ -234,6 +235,31 @@ class Master:
         if bad is not None:
             raise DivergedError("worker %s's result holds NaN or Inf in %s" % (worker, self._blob(bad)))
         return arrays
+
+    def average_results(self, workers):
+        """W = the mean of the workers' last results, those on Redis (gossip: their own weights), read on the
+        reader's threads; one holding NaN or Inf stops the job (DivergedError) with W as it was."""
+        for worker in workers:
+            self.reader.start(worker)
+        read = [(worker,) + self.reader.take(worker) for worker in workers]
+        read = [(worker, arrays, bad) for worker, arrays, bad in read if arrays is not None]
+        try:
+            for worker, _, bad in read:
+                if bad is not None:
+                    raise DivergedError("worker %s's weights hold NaN or Inf in %s" % (worker, self._blob(bad)))
+            if read:
+                for k, w in enumerate(self.weights):
+                    np.copyto(w, read[0][1][k])
+                    for _, arrays, _ in read[1:]:
+                        w += arrays[k]
+                    w *= np.float32(1.0 / len(read))
+                self.dirty = True
+        finally:
+            for _, arrays, _ in read:
+                self.reader.release(arrays)
+
+    def forget_result(self, worker):
+        self.store.remove_result(worker)
 
     def staleness(self, message):
         """Merges W took since the weights the result of `message` started from ('base', a merge count), its own
@@ -351,7 +377,7 @@ class Master:
             batch = self.store.next_messages(POLL_S, 64)
             for message in batch:               # the reads of the batch's results begin at once
                 worker = str(message.get("worker"))
-                if message.get("type") == "result" and worker in self.members and \
+                if message.get("type") == "result" and worker in self.members and self.rule.reads_results and \
                         int(message.get("epoch", -1)) == self.epoch:
                     self.reader.start(worker)
             for message in batch:
@@ -531,6 +557,7 @@ class Master:
 
     def _test(self):
         if self.tester is not None:
+            self.rule.settle_weights()
             self.tester.start(self.weights, self.count)
 
     def _scored(self, iteration, scores):
@@ -540,6 +567,8 @@ class Master:
                                       "net": i, "scores": dict(net_scores)})
 
     def _snapshot(self, files_only=False):
+        if not files_only:              # (files_only: Redis is gone or W diverged; W stays as it is)
+            self.rule.settle_weights()
         model, state = self.solver.snapshot_at(self.count)
         self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
         if self.mode_name == "gradient-only" and not files_only:
@@ -613,7 +642,8 @@ class Master:
         elapsed = time.monotonic() - self.started_at
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
                     dropped=self.dropped_count, tests=self.test_results,
-                    mean_staleness=self.staleness_sum / max(1, self.count), **self.cpu_per_merge())
+                    mean_staleness=self.staleness_sum / max(1, self.count), **self.cpu_per_merge(),
+                    **self.rule.summary())
 
     def cpu_per_merge(self):
         """Where the exchange's time goes: the CPU of the master's merging thread (the tester's apart) and of each

@@ -10,7 +10,8 @@ Every Redis call of the package is made here, and every key a job writes, under 
   state               hash: merge count, current_step (what a restarted master    put_weights (with W),
                       continues from), written with W in one transaction          master_state
   hist:{k}:{s}        the master's solver history set k (gradient-only), as W     put_history, get_history
-  x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result
+  x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result,
+                                                                                  remove_result
   stats               hash: progress for displays (JSON)                          put_progress, progress
   inbox               list: JSON messages to the master (join, ready, result,     send_to_master, next_message(s),
                       leave), emptied as the job is published                     publish_job
@@ -401,6 +402,11 @@ class Store:
     def get_result(self, worker, shapes, out=None, missing_ok=False):
         """The worker's last result (None if it is not there and missing_ok)."""
         return self._get_blobs("x", shapes, owner=worker, out=out, missing_ok=missing_ok)[0]
+
+    def remove_result(self, worker):
+        """The worker's last result, removed from every server (gossip: a worker counted out is nobody's peer)."""
+        for server, (url, client) in enumerate(zip(self.urls, self._clients)):
+            self._call(client.delete, self._blob_key("x", server, worker), url=url)
 
     # --- progress, for displays ------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 Lifecycle, all through Redis: take an id, beat the heart (a key with a TTL), join (the master answers with a data
 shard), build the solver, say ready, wait for the welcome, then rounds until told to stop. A round starts from
 weights x, runs tau solver steps at the global iteration the master sent (its learning rate), and pushes the
-mode's result; the master's reply says merged, dropped or reset, and what to pull.
+mode's result; the master's reply says merged, dropped or reset, and what to pull (W; in gossip, a live peer's
+weights).
 
 Exchange and computation overlap (the mode's depth 1): a single exchange thread pushes round r's result, waits
 for the reply and pulls, while the main thread computes round r+1; the next round then starts where the mode
@@ -102,7 +103,7 @@ class Worker:
         self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
         self.id = self.store.claim_worker_id(worker_id)
         self.epoch, self.stopping, self.error = 0, threading.Event(), None
-        self.stats = {"rounds": 0, "images": 0}
+        self.stats = {"rounds": 0, "images": 0, "averagings": 0}
 
     @staticmethod
     def _wait_for_a_job(urls, wait_s):
@@ -217,7 +218,22 @@ class Worker:
         self.store.put_result(self.id, result, round_id)
         reply = self._send_and_await(dict(info, type="result", worker=self.id, round=round_id, epoch=self.epoch),
                                      lambda m: m.get("status") == "reset" or m.get("round") == round_id)
+        if hasattr(self.mode, "choose_peer") and reply.get("status") == "merged":
+            return self._pull_a_peer(reply)
         return Outcome.of(reply, self._pull())
+
+    def _pull_a_peer(self, reply):
+        """Gossip (modes/gossip.py): instead of W, the weights a peer last published, the peer chosen by the mode
+        among the live others the reply lists; status 'peer', or 'alone' when there is none or its key is gone
+        (counted out between the reply and the read)."""
+        peers = [str(w) for w in reply.get("peers") or [] if str(w) != self.id]
+        peer = self.mode.choose_peer(peers)
+        pulled = None if peer is None else \
+            self.store.get_result(peer, self.shapes, out=self.buffers.next_pull(), missing_ok=True)
+        if pulled is None:
+            return Outcome.of(dict(reply, status="alone"), (None, 0))
+        self.stats["averagings"] += 1
+        return Outcome.of(dict(reply, status="peer"), (pulled, 0))
 
     def _pull(self):
         """(W, its merge count). W is missing only after a Redis restarted empty, until the master publishes the
@@ -302,7 +318,7 @@ class Worker:
             result = self.mode.result(start, x_end, gradients, outcome.pulled, options, outcome.workers)
             now = time.perf_counter()
             info = {"loss": loss, "images": images, "compute_s": now - last_submit - blocked, "wait_s": blocked,
-                    "base": base}
+                    "base": base, "averagings": self.stats["averagings"]}
             future = exchange.submit(self._exchange, round_id, result, info)
             last_submit, blocked = now, 0.0
             in_flight = future if depth else None

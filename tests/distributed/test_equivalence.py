@@ -1,6 +1,7 @@
 """With one worker, the distributed modes must train what the local Solver trains: async (overlapped: the next
 round starts from W plus the delta in flight) and sync give the local run's weights, up to float32 rounding of
-W + (x' - x). Gradient-only without overlap is the local run with the update on the master."""
+W + (x' - x). Gradient-only without overlap is the local run with the update on the master. A gossip worker alone has
+no peer to average with: it is the local run, and the master's mean is its weights."""
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ def _local_weights(solver_path):
 
 
 @pytest.mark.parametrize("mode,options", [("async", []), ("sync", []), ("async", ["--tau", 3]),
-                                          ("gradient-only", ["--no-overlap"])])
+                                          ("gradient-only", ["--no-overlap"]), ("gossip", [])])
 def test_one_worker_trains_what_the_local_solver_trains(mode, options, procs, make_solver, tmp_path):
     solver_path = make_solver(max_iter=ITERS // (3 if "--tau" in options else 1))
     expected, solver = _local_weights(solver_path)

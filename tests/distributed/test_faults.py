@@ -215,7 +215,7 @@ def test_a_redis_restarted_empty_gets_the_job_again_and_the_run_goes_on(procs, o
     assert keys_of(connect(own_redis.url), "restart") == []
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("mode", ["async", "sync", "gossip"])
 def test_a_worker_stopped_past_its_heartbeat_joins_again_and_trains_on(mode, procs, make_solver, store_for):
     """SIGSTOP a worker for longer than its heartbeat, then SIGCONT: the master counts it out and says so, the
     worker is told to join again (it used to be told to stop), gets its data shard back, and trains on."""

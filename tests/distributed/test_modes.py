@@ -9,7 +9,7 @@ from .conftest import accuracies, keys_of, wait_for_merges
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 MODES = [("sync", []), ("async", []), ("partial-sync", ["--max-advance", 1]), ("weed-out", ["--weedout", 2]),
-         ("easgd", ["--moving-rate", 0.3, "--tau", 2]), ("gradient-only", [])]
+         ("easgd", ["--moving-rate", 0.3, "--tau", 2]), ("gradient-only", []), ("gossip", [])]
 
 
 @pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])

@@ -2,10 +2,10 @@
 rule, side by side in one module (base.py says what a mode module holds). `MODES` maps the command-line name to
 the module; `resolve_options` checks a job's options against the mode's declarations and fills in defaults."""
 from ...errors import PycaffeDistError
-from . import async_, easgd, gradient_only, ssp, sync, weedout
+from . import async_, easgd, gossip, gradient_only, ssp, sync, weedout
 
 MODES = {"sync": sync, "async": async_, "partial-sync": ssp, "weed-out": weedout, "easgd": easgd,
-         "gradient-only": gradient_only}
+         "gradient-only": gradient_only, "gossip": gossip}
 
 
 def all_options():

@@ -13,7 +13,9 @@ Each mode module says:
                 next_start(status, pulled, x_end, result, in_flight) -> the weights of the next round, from the
                 last reply's status and W, this round's end and result, and whether that result is in flight;
                 base(version, status, in_flight) -> the merge count of the W the next round starts from (how
-                stale its result will be); `gradients`: whether a round is one gradient (no local steps)
+                stale its result will be); `gradients`: whether a round is one gradient (no local steps);
+                choose_peer(peers), gossip's only: the worker whose weights to pull instead of W, from the
+                reply's live others (worker.py then reports status 'peer', or 'alone' when there is none)
   Master:       a Rule (below) with start(workers), on_join(w), on_result(w, message), on_lost(w), over the
                 master's MasterView
 """
@@ -66,7 +68,12 @@ class MasterView(Protocol):
 
     def dropped(self, message): ...                      # a result thrown away
 
-    def reply(self, worker, status): ...                 # queue a reply: welcome, merged, dropped
+    def reply(self, worker, status, **fields): ...       # queue a reply: welcome, merged, dropped (fields: more
+    #                                                      of it, e.g. gossip's live peers)
+
+    def average_results(self, workers): ...              # W = the mean of these workers' last results (gossip)
+
+    def forget_result(self, worker): ...                 # remove a worker's last result from Redis (gossip)
 
 
 class DeltaWorker:
@@ -95,6 +102,7 @@ class Rule:
     """The master side of a mode, over a MasterView. `options`: the mode's options, every one of them present
     (modes.resolve_options fills in the defaults)."""
     depth = 1
+    reads_results = True        # whether the master reads each result as it comes (ahead of on_result)
 
     def __init__(self, master: MasterView, options):
         self.master, self.options = master, options
@@ -113,6 +121,13 @@ class Rule:
 
     def on_result(self, worker, message):
         raise NotImplementedError
+
+    def settle_weights(self):
+        """Make W what is tested and snapshotted now: it already is, but where there is no central W (gossip)."""
+
+    def summary(self):
+        """The mode's own figures for the master's --stats summary."""
+        return {}
 
     def scale(self, message):
         """What a result is merged with: 1/--factor where one is given, else 1/its staleness (Zhang, Gupta, Lian

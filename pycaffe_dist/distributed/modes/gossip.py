@@ -1,0 +1,121 @@
+"""Gossip SGD (Jin, Yuan, Iandola and Keutzer 2016, "How to scale distributed deep learning?"): there is no central
+W to merge into. Every worker keeps its own weights; after each round of tau local steps it publishes them (its
+result key, x:{worker}, the store's zero-copy blobs), reads the weights one peer last published, the peer chosen
+at random among the live workers the master listed in its reply, and moves to the average of the two.
+
+One-sided push-pull, without locks. The classic exchange, where both of a pair end at the pair's mean, needs the
+two copies swapped at one instant: through Redis that takes a lock or a second message. Here only the worker that
+pulls moves; its peer moves when it pulls in turn. What that guarantees:
+  - every read is a whole copy of one state the peer published (a SET is atomic; slices on several servers are
+    read again until their versions agree), and no worker ever waits for another;
+  - the workers' mean is kept only approximately: one averaging moves the sum by (x_peer - x_self) / 2, but with
+    every worker pulling from a uniformly random other, the expected change of the sum over a round is zero;
+  - the spread shrinks: each averaging halves the distance between a worker and the copy it read, which is why
+    the workers stay close enough for their mean (what the master tests and snapshots) to be a good model;
+  - a worker overlapped with its exchange (the default; --no-overlap waits for it) averages with the copy it read
+    during its last round: one round older, as EASGD's centre is;
+  - a worker with no live peer, or whose peer was counted out between the reply and the read (the master removes
+    a lost worker's key), skips that round's averaging.
+
+The master only keeps the job: membership, the live list, and the count. One global iteration is one round of
+every live worker (as in sync: the learning-rate schedule, max_iter, display, test_interval and snapshot count
+rounds of the N workers, so the images of B batches are B / N iterations): each worker's local steps run at the
+rate of that count, which stays the same for a worker that joins late. Every test_interval, and for each
+snapshot, the master reads the live workers' weights and tests their mean; a worker that joins starts from that
+mean too. Nothing else is read centrally: no process sees every worker's weights between tests. The master
+writes W (the mean) and its count to Redis only then, so a master restarted with --resume goes on from the count
+of its last test, snapshot or join, and resets the live workers to their mean."""
+import math
+import random
+
+import numpy as np
+
+from ...errors import DivergedError
+from .base import OVERLAP, TAU, Rule
+
+OPTIONS = (TAU, OVERLAP)
+
+
+class Worker:
+    gradients = False
+
+    @staticmethod
+    def result(x_start, x_end, gradients, centre, options, workers):
+        # What it publishes: its own weights, copied because the exchange sends them while the next round runs.
+        return [np.array(x, dtype=np.float32) for x in x_end]
+
+    @staticmethod
+    def choose_peer(peers):
+        """The peer to average with: one of the live others the master listed, uniformly, or None."""
+        return str(random.choice(peers)) if peers else None
+
+    @staticmethod
+    def next_start(status, pulled, x_end, result, in_flight):
+        if status == "peer":
+            return [np.float32(0.5) * (x + p) for x, p in zip(x_end, pulled)]
+        if status in ("alone", "merged"):       # no peer this round; or the first round, started from W itself
+            return x_end
+        return pulled                           # a reset: start again from W, the mean the master gathered
+
+    @staticmethod
+    def base(version, status, in_flight):
+        return version
+
+
+class Master(Rule):
+    reads_results = False                       # the weights go from worker to worker, not through the master
+    advice = "lower the solver's base_lr"
+
+    def __init__(self, master, options):
+        super().__init__(master, options)
+        self.live = []                          # the workers peers are chosen from
+        self.pending = []                       # the messages of the global iteration under way
+        self.rounds, self.averagings = {}, {}   # worker -> its rounds, and the averagings it reported
+        self.unsettled = False                  # whether the workers moved since W was last made their mean
+
+    def start(self, workers):
+        # A restarted master's workers are reset to the mean of their weights (none on a first start).
+        self.live, self.unsettled = list(workers), True
+        self.settle_weights()
+        super().start(workers)
+
+    def on_join(self, worker):
+        self.unsettled = True
+        self.settle_weights()                   # the newcomer starts from the others' mean
+        self.live.append(worker)
+        self.master.reply(worker, "welcome")
+
+    def on_lost(self, worker):
+        if worker in self.live:
+            self.live.remove(worker)
+        self.master.forget_result(worker)       # a peer that chose it before the news skips its averaging
+        self._count()
+
+    def on_result(self, worker, message):
+        loss = float(message.get("loss", 0.0))
+        if not math.isfinite(loss):
+            # Its weights would spread to its peers; the master reads none between tests to check them.
+            raise DivergedError("worker %s's loss is %s" % (worker, loss))
+        self.rounds[worker] = self.rounds.get(worker, 0) + 1
+        self.averagings[worker] = int(message.get("averagings", 0))
+        self.unsettled = True
+        self.pending.append(message)
+        self._count()
+        self.master.reply(worker, "merged", peers=[w for w in self.live if w != worker])
+
+    def _count(self):
+        if self.pending and len(self.pending) >= len(self.live):
+            messages, self.pending = self.pending, []
+            self.master.merged(messages)        # one global iteration: a round of each live worker
+
+    def settle_weights(self):
+        if self.unsettled and self.live:
+            self.master.average_results(self.live)
+        self.unsettled = False
+
+    def summary(self):
+        live = [w for w in self.live if self.rounds.get(w)]
+        rounds = sum(self.rounds[w] for w in live)
+        averagings = sum(self.averagings.get(w, 0) for w in live)
+        return {"averagings_per_worker": averagings / max(1, len(live)),
+                "averaged_share": averagings / max(1, rounds)}
