@@ -137,12 +137,13 @@ class SandblasterMaster:
         sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.bounds = list(zip(np.cumsum([0] + sizes[:-1]).tolist(), np.cumsum(sizes).tolist()))
         self.x = np.concatenate([w.reshape(-1) for w in self.solver.weights]).astype(np.float32)
-        # weight decay per element (the solver's, times each blob's decay_mult), and the blobs that stay fixed
+        # weight decay per element (the solver's, times each blob's decay_mult), and the blobs that stay fixed (lr_mult
+        # 0: Caffe never moves them)
         self.decay = np.zeros(self.x.size, np.float32)
         self.fixed = np.zeros(self.x.size, bool)
         for (a, b), decay_mult, lr_mult in zip(self.bounds, net.params_weight_decay, net.params_lr):
-            self.decay[a:b] = param.weight_decay * decay_mult
             self.fixed[a:b] = lr_mult == 0
+            self.decay[a:b] = 0 if lr_mult == 0 else param.weight_decay * decay_mult     # a constant: left out
         self.batch = self.solver.images_per_iteration // max(1, param.iter_size)
         self.optimizer = lbfgs.LBFGS(settings.memory)
         options = {"lbfgs_memory": settings.memory, "sample_batches": settings.sample_batches,
