@@ -26,6 +26,10 @@ root (the net's Data layers read data/fashion-mnist/{train,test}.datumfile relat
     RATE:DELAY` when given (the link applies to our distributed runs only; the references run locally).
     A distributed run counts merges: one merge takes one worker batch (64 images, tau 1) in the async-like modes
     and one round of all N workers (64 N images) in sync, so it runs batches (sync: batches / N) merges.
+    Sandblaster counts L-BFGS iterations: one evaluates the objective twice on a sample of 32 batches (its default
+    --sample-batches) when its line search takes the first step, the usual case, so it runs batches / 64
+    iterations; its points' images are the images it computed per iteration on average (its stats' images /
+    iterations), its line searches' further evaluations included. It takes no --link (skipped with one).
 Each run gets its own solver (--out/<run>/solver.prototxt): lenet_solver with no tests during training, random
 seed 1, a snapshot of the (global) weights every --every batches' images (every --every iterations, merges in the
 async-like modes, --every / N merges in sync and DDP steps) and after the last one.
@@ -67,7 +71,8 @@ sys.path.insert(0, str(REPO))             # the checkout's package, installed or
 SOLVER = REPO / "prototxt" / "lenet_solver.prototxt"
 NET = REPO / "prototxt" / "lenet_train_test.prototxt"
 DATA = [REPO / "data" / "fashion-mnist" / f for f in ("train.datumfile", "test.datumfile")]
-MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only")
+MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "sandblaster")
+SANDBLASTER_BATCHES_PER_ITER = 2 * 32     # two evaluations of a sample of --sample-batches 32: see the docstring
 BATCH, TEST_BATCHES, SCALE = 64, 100, 0.00390625        # lenet_train_test: batch 64, transform scale 1/256
 TARGET_N, TARGET_THREADS = 8, 2
 TARGET_VS_2_THREADS, TARGET_VS_DDP, TARGET_EXCHANGE = 0.25, 0.8, 0.10
@@ -110,7 +115,7 @@ def new_run(args, kind, n, threads, mode=None):
     name = {"single": "1 process, %d thread%s" % (threads, "" if threads == 1 else "s"),
             "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind]
     # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together.
-    per_iter = n if kind == "ddp" or mode == "sync" else 1
+    per_iter = n if kind == "ddp" or mode == "sync" else SANDBLASTER_BATCHES_PER_ITER if mode == "sandblaster" else 1
     if args.batches % per_iter or args.every % per_iter:
         print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
               % (name, args.batches, args.every, per_iter), flush=True)
@@ -129,7 +134,8 @@ def plan(args, counts):
             thread_counts.add(n * args.threads)
             runs.append(new_run(args, "single", 1, n * args.threads))
         runs.append(new_run(args, "ddp", n, args.threads))
-        runs += [new_run(args, "ours", n, args.threads, mode) for mode in args.modes]
+        runs += [new_run(args, "ours", n, args.threads, mode) for mode in args.modes
+                 if not (mode == "sandblaster" and args.link)]
     if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
         runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
     return runs
@@ -229,6 +235,7 @@ def train(run, args):
     stats_path = run["dir"] / "stats.json"
     stats_path.unlink(missing_ok=True)
     unit = {"single": "iterations", "ddp": "steps", "ours": "merges"}[run["kind"]]
+    unit = "L-BFGS iterations (about)" if run["mode"] == "sandblaster" else unit
     print("bench: %s: %d %s of %d images, snapshot every %d ..." % (run["name"], run["max_iter"], unit,
           run["images_per_iter"], run["every"]), flush=True)
     run["t0"] = time.time()
@@ -371,6 +378,9 @@ def evaluate(runs, threads):
     net = test_net(threads)
     for run in runs:
         found = snapshots(run)
+        stats = run.get("stats") or {}
+        if run["mode"] == "sandblaster" and stats.get("count"):
+            run["images_per_iter"] = stats["images"] / stats["count"]       # what its iterations computed
         print("bench: scoring %d snapshots of %s ..." % (len(found), run["name"]), flush=True)
         run["points"] = [{"iter": it, "images": it * run["images_per_iter"], "time_s": t, "accuracy": a, "loss": l}
                          for it, t, path in found for a, l in [score(net, path)]]
@@ -535,7 +545,7 @@ def main():
     ap.add_argument("--every", type=int, default=80, help="snapshot (test point) every N batches' images "
                     "(default 80: a multiple of every N of the default --workers)")
     ap.add_argument("--workers", default="1,2,4,8,16", help="comma list of N (capped: N x --threads <= cores)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes (default: all six)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes (default: all seven)")
     ap.add_argument("--threads", type=int, default=1, help="threads of each worker and DDP rank (default 1)")
     ap.add_argument("--link", metavar="RATE:DELAY", help="passed to our distributed runs as `train --link`")
     ap.add_argument("--target", type=float, default=0.85, help="the test accuracy to time (default 0.85)")
