@@ -15,9 +15,10 @@ the net's data layers as a net of their own (the feed) and the net with those la
 net computed on), reads the stream forward and keeps the batches of the current sample it passed, for the units it
 is given later (the line search evaluates one sample several times). Each worker thus reads every batch of the
 samples, and computes only its units: for LeNet reading a batch is a few per cent of its forward and backward.
-The layers that draw random numbers (Dropout) draw batch j's numbers for batch j, whatever the point and the worker
-(their streams are put at a counter of j's own), so that one sample's objective is one function of x for the line
-search.
+Every worker seeds its random numbers with the job's one seed (the solver's random_seed, or one the master drew), so
+that a data layer's rand_skip and shuffles make the same stream on every worker, and the layers that draw at every
+forward (Dropout) draw batch j's numbers for batch j, whatever the point and the worker (their streams are put at a
+counter of j's own): one sample's objective is one function of x, for the line search.
 
 The job's keys it uses are the store's (store.py):
   W                 the point x of the current evaluation, versioned by the evaluation's number: pulled once per
@@ -37,7 +38,6 @@ import socket
 import threading
 import time
 
-import numpy as np
 from google.protobuf import text_format
 
 from .. import common
@@ -113,9 +113,8 @@ class SandblasterWorker:
     def _build(self):
         spec = self.spec
         common.set_num_threads(self.threads)
-        param = text_format.Parse(spec["solver"], caffe_pb2.SolverParameter())
-        if param.random_seed >= 0:
-            common.set_random_seed(param.random_seed)   # every worker's streams under one key: see the docstring
+        # One seed for every worker: see the docstring
+        common.set_random_seed(int(spec["seed"]))
         state = text_format.Parse(spec["state"], caffe_pb2.NetState())
         self.net = Net(text_format.Parse(spec["net"], caffe_pb2.NetParameter()), state=state, fill_params=False)
         self.feed = Net(text_format.Parse(spec["feed"], caffe_pb2.NetParameter()), state=state)

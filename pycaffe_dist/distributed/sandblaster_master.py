@@ -20,7 +20,9 @@ The rest does not: L-BFGS picks its own steps, so base_lr, lr_policy, momentum, 
 values, clip_gradients and iter_size are not used. Snapshots are Caffe's .caffemodel of x with a .solverstate that
 holds the iteration (and an SGD history of zeros): the (s, y) pairs are not in it. `--snapshot` resumes from x and
 the iteration there, with no pairs (a restart, as after a failed line search) and sample k, where the data would
-have been; the data layers read from the start again to get there.
+have been; the data layers read from the start again to get there. There is no --resume from Redis, as the
+data-parallel master has: the pairs and the line search live in this process only, so a coordinator that died is
+started again from a snapshot.
 
 An evaluation's f, g that are NaN or Inf at the point an iteration starts from are refused: the job stops with one
 line and a snapshot of x, the last finite point. Inside a line search a point where they are not finite only
@@ -31,6 +33,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
 import threading
 import time
@@ -92,10 +95,10 @@ class Settings:
 
     def check(self):
         """One line for a setting out of range, before anything starts."""
-        for flag, value, low in (("--workers", self.workers, 1), ("--lbfgs-memory", self.memory, 1),
-                                 ("--sample-batches", self.sample_batches, 1), ("--unit-batches", self.unit_batches, 1)):
-            if value is None or value < low:
-                raise PycaffeDistError("%s must be at least %d, got %s" % (flag, low, value))
+        for flag, value in (("--workers", self.workers), ("--lbfgs-memory", self.memory),
+                            ("--sample-batches", self.sample_batches), ("--unit-batches", self.unit_batches)):
+            if value is None or value < 1:
+                raise PycaffeDistError("%s must be at least 1, got %s" % (flag, value))
         if self.unit_batches > self.sample_batches:
             raise PycaffeDistError("--unit-batches %d is more than a sample (--sample-batches %d): a unit is a part "
                                    "of a sample" % (self.unit_batches, self.sample_batches))
@@ -152,7 +155,8 @@ class SandblasterMaster:
                                         settings.workers),
                          kind=workers.SPEC_KIND, net=text_format.MessageToString(cutting.stage_net_param(net, 1)),
                          feed=text_format.MessageToString(cutting.feed_net_param(net)),
-                         state=text_format.MessageToString(net.state), start=self.count)
+                         state=text_format.MessageToString(net.state), start=self.count,
+                         seed=param.random_seed if param.random_seed >= 0 else secrets.randbelow(1 << 31))
         self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
         self.store = Store(settings.redis, self.job, settings.retry_s)
         if self.store.job_spec() is not None:
