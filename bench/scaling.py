@@ -27,6 +27,10 @@ root (the net's Data layers read data/fashion-mnist/{train,test}.datumfile relat
     A distributed run counts merges: one merge takes one worker batch (64 images, tau 1) in the async-like modes
     and one round of all N workers (64 N images) in sync and gossip, so it runs batches (sync, gossip: batches / N)
     merges. Gossip has no global W: its snapshots are the mean of the workers' weights.
+    Sandblaster counts L-BFGS iterations: one evaluates the objective twice on a sample of 32 batches (its default
+    --sample-batches) when its line search takes the first step, the usual case, so it runs batches / 64
+    iterations; its points' images are the images it computed per iteration on average (its stats' images /
+    iterations), its line searches' further evaluations included. It takes no --link (skipped with one).
 Each run gets its own solver (--out/<run>/solver.prototxt): lenet_solver with no tests during training, random
 seed 1, a snapshot of the (global) weights every --every batches' images (every --every iterations, merges in the
 async-like modes, --every / N merges in sync, gossip and DDP steps) and after the last one.
@@ -68,8 +72,9 @@ sys.path.insert(0, str(REPO))             # the checkout's package, installed or
 SOLVER = REPO / "prototxt" / "lenet_solver.prototxt"
 NET = REPO / "prototxt" / "lenet_train_test.prototxt"
 DATA = [REPO / "data" / "fashion-mnist" / f for f in ("train.datumfile", "test.datumfile")]
-MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip")
+MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip", "sandblaster")
 PER_ROUND = ("sync", "gossip")      # the modes whose merge is a round of all N workers
+SANDBLASTER_BATCHES_PER_ITER = 2 * 32     # two evaluations of a sample of --sample-batches 32: see the docstring
 BATCH, TEST_BATCHES, SCALE = 64, 100, 0.00390625        # lenet_train_test: batch 64, transform scale 1/256
 TARGET_N, TARGET_THREADS = 8, 2
 TARGET_VS_2_THREADS, TARGET_VS_DDP, TARGET_EXCHANGE = 0.25, 0.8, 0.10
@@ -112,7 +117,8 @@ def new_run(args, kind, n, threads, mode=None):
     name = {"single": "1 process, %d thread%s" % (threads, "" if threads == 1 else "s"),
             "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind]
     # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together.
-    per_iter = n if kind == "ddp" or mode in PER_ROUND else 1
+    per_iter = n if kind == "ddp" or mode in PER_ROUND else SANDBLASTER_BATCHES_PER_ITER if mode == "sandblaster" \
+        else 1
     if args.batches % per_iter or args.every % per_iter:
         print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
               % (name, args.batches, args.every, per_iter), flush=True)
@@ -131,7 +137,8 @@ def plan(args, counts):
             thread_counts.add(n * args.threads)
             runs.append(new_run(args, "single", 1, n * args.threads))
         runs.append(new_run(args, "ddp", n, args.threads))
-        runs += [new_run(args, "ours", n, args.threads, mode) for mode in args.modes]
+        runs += [new_run(args, "ours", n, args.threads, mode) for mode in args.modes
+                 if not (mode == "sandblaster" and args.link)]
     if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
         runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
     return runs
@@ -231,6 +238,7 @@ def train(run, args):
     stats_path = run["dir"] / "stats.json"
     stats_path.unlink(missing_ok=True)
     unit = {"single": "iterations", "ddp": "steps", "ours": "merges"}[run["kind"]]
+    unit = "L-BFGS iterations (about)" if run["mode"] == "sandblaster" else unit
     print("bench: %s: %d %s of %d images, snapshot every %d ..." % (run["name"], run["max_iter"], unit,
           run["images_per_iter"], run["every"]), flush=True)
     run["t0"] = time.time()
@@ -373,6 +381,9 @@ def evaluate(runs, threads):
     net = test_net(threads)
     for run in runs:
         found = snapshots(run)
+        stats = run.get("stats") or {}
+        if run["mode"] == "sandblaster" and stats.get("count"):
+            run["images_per_iter"] = stats["images"] / stats["count"]       # what its iterations computed
         print("bench: scoring %d snapshots of %s ..." % (len(found), run["name"]), flush=True)
         run["points"] = [{"iter": it, "images": it * run["images_per_iter"], "time_s": t, "accuracy": a, "loss": l}
                          for it, t, path in found for a, l in [score(net, path)]]

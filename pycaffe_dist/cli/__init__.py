@@ -1,6 +1,7 @@
 """`dist_caffe`: the command line, one module per group of verbs: training.py (train, test, time, plot: Caffe's
 `caffe` tool), distributed.py (train --workers, master, worker, status), pipeline.py (train --pipeline,
-pipeline-master, stage), tools.py (net-info, upgrade,
+pipeline-master, stage), sandblaster.py (train --mode sandblaster, sandblaster-master,
+sandblaster-worker), tools.py (net-info, upgrade,
 device-query), data.py (convert-idx, convert-imageset, convert-db, compute-mean). Every verb's errors reach the
 user as one line and a non-zero exit code."""
 import argparse
@@ -8,7 +9,7 @@ import logging
 import sys
 
 from ..errors import PycaffeDistError
-from . import arguments, data, distributed, pipeline, tools, training
+from . import arguments, data, distributed, pipeline, sandblaster, tools, training
 
 
 def build_parser():
@@ -18,7 +19,7 @@ def build_parser():
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
-    for group in (training, distributed, pipeline, tools, data):
+    for group in (training, distributed, pipeline, sandblaster, tools, data):
         group.add_verbs(verbs)
     return parser
 

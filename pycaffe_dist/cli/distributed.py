@@ -46,7 +46,9 @@ def add_train_flags(parser):
     """What `train` takes to train on workers."""
     parser.add_argument("--workers", type=int, help="train on N worker processes that meet at a Redis parameter "
                         "store (a private redis-server unless --redis is given)")
-    parser.add_argument("--mode", choices=list(modes.MODES), help="distributed mode (default async)")
+    # sandblaster: L-BFGS with a master loop of its own (cli/sandblaster.py), not a mode of master.py
+    parser.add_argument("--mode", choices=list(modes.MODES) + ["sandblaster"], help="distributed mode (default "
+                        "async)")
     parser.add_argument("--redis", help="Redis URL(s) to use instead of a private server (comma-separated: blobs "
                         "are sharded over them)")
     parser.add_argument("--redis-servers", type=int, help="private redis-servers to shard the weights over "

@@ -7,7 +7,7 @@ import signal
 
 from ..backend import select
 from ..errors import PycaffeDistError
-from . import arguments, distributed
+from . import arguments, distributed, sandblaster
 
 SIGNAL_EFFECTS = ("stop", "snapshot", "none")
 
@@ -49,6 +49,9 @@ def cmd_train(args):
     from ..io.load import read_solver
     from ..solver import training_log
     from ..solver.solver import Solver
+    if args.mode == sandblaster.MODE:
+        return sandblaster.cmd_train_sandblaster(args)
+    sandblaster.refuse_flags_without_the_mode(args)
     if args.pipeline is not None or args.micro_batches is not None:
         from .pipeline import cmd_train_pipeline
         return cmd_train_pipeline(args)
@@ -206,6 +209,7 @@ def add_verbs(verbs):
                    "a solver's GPU mode falls back to the CPU with a warning where there is no GPU, --gpu does not). "
                    "Several GPUs train synchronously, one worker each; with --workers, workers take them in turn")
     distributed.add_train_flags(p)
+    sandblaster.add_train_flags(p)
     p.set_defaults(func=cmd_train)
 
     p = verbs.add_parser("test", help="score a trained net on its TEST phase (caffe test)")

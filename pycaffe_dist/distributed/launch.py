@@ -242,6 +242,39 @@ def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeo
             server.stop()
 
 
+def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, slow_workers=None):
+    """`train --workers N --mode sandblaster` on this machine: a private redis-server, the L-BFGS coordinator
+    (sandblaster_master.py; `settings` are its Settings, handed over as JSON on its standard input) and its N workers
+    (sandblaster.py), each a process of its own; `slow_workers`: {worker index: seconds it sleeps after every unit}.
+    Returns the coordinator's exit code, as run_local."""
+    sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
+    slow_workers = slow_workers or {}
+    server, children = None, []
+    try:
+        server = LocalRedis()
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                   MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **{PASSWORD_ENV: server.password})
+        settings = dataclasses.replace(settings, job=settings.job or new_job_id("sandblaster"), redis=server.url)
+        python = [sys.executable, "-m", "pycaffe_dist"]
+        children.append(Child("master", python + ["sandblaster-master", "--settings", "-"], env, sink,
+                              settings.to_json()))
+        for i in range(settings.workers):
+            extra = ["--delay", str(slow_workers[i])] if i in slow_workers else []
+            children.append(Child("worker %d" % i, python + ["sandblaster-worker", "--redis", server.url, "--job",
+                                                            settings.job, "--id", str(i), "--threads", str(threads)]
+                                  + extra, env, sink))
+        watch_url = server.url.replace("://", "://:%s@" % server.password, 1)
+        return _supervise(children, watch_url, settings.job, progress, stop_timeout_s)
+    finally:
+        for child in children:
+            child.signal(signal.SIGKILL)
+        for child in children:
+            child.process.wait()
+            child.reader.join(5)
+        if server is not None:
+            server.stop()
+
+
 def _exit_on_term(number, frame):
     raise SystemExit(128 + number)
 

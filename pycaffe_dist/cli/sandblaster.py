@@ -1,0 +1,145 @@
+"""The verbs of Sandblaster L-BFGS: `train --workers N --mode sandblaster` on one machine (a private redis-server,
+the coordinator and N workers, distributed/launch.py), and `sandblaster-master` and `sandblaster-worker`, the
+processes it starts (and what runs it on many machines)."""
+import logging
+import signal
+import sys
+
+from ..errors import PycaffeDistError
+from . import arguments
+from .distributed import MASTER_ERROR, mode_options_given
+
+MODE = "sandblaster"
+# (flag, Settings field, help); their defaults are distributed/sandblaster_master.py's
+FLAGS = (("--lbfgs-memory", "memory", "(s, y) pairs L-BFGS keeps"),
+         ("--sample-batches", "sample_batches", "batches of the training data an evaluation of the objective covers "
+                                                "(one sample per L-BFGS iteration)"),
+         ("--unit-batches", "unit_batches", "batches in one work unit, the piece of an evaluation a worker takes"))
+
+
+def add_train_flags(parser):
+    from ..distributed import sandblaster_master as coordinator
+    for flag, field, text in FLAGS:
+        parser.add_argument(flag, dest=field, type=int, default=None, help="with --mode sandblaster: %s (default "
+                            "%d)" % (text, getattr(coordinator.Settings, field)))
+
+
+def flags_given(args):
+    return [flag for flag, field, _ in FLAGS if getattr(args, field, None) is not None]
+
+
+def refuse_flags_without_the_mode(args):
+    given = flags_given(args)
+    if given:
+        raise PycaffeDistError("%s: option%s of --mode sandblaster" % (", ".join(given), "s" if len(given) > 1 else ""))
+
+
+def cmd_train_sandblaster(args):
+    """`train --workers N --mode sandblaster`: the coordinator and N workers as processes, at a private
+    redis-server."""
+    from ..distributed import launch
+    from ..distributed.sandblaster_master import Settings
+    from ..solver import training_log
+    if args.workers is None:
+        raise PycaffeDistError("--mode sandblaster trains on workers: give --workers N")
+    others = [option.flag for option, value in mode_options_given(args) if value is not None]
+    if others:
+        raise PycaffeDistError("%s: not options of mode sandblaster (it takes %s)" % (
+            ", ".join(others), ", ".join(flag for flag, _, _ in FLAGS)))
+    for flag, value in (("--pipeline", args.pipeline), ("--micro-batches", args.micro_batches),
+                        ("--redis", args.redis), ("--link", args.link), ("--gpu", args.gpu),
+                        ("--redis-servers", args.redis_servers)):
+        if value is not None:
+            raise PycaffeDistError("%s is not supported with --mode sandblaster (its workers run on this machine's "
+                                   "CPUs, at a private redis-server)" % flag)
+    if args.snapshot and args.weights:
+        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
+    slow = dict(args.slow_worker)
+    if any(i >= args.workers for i in slow):
+        raise PycaffeDistError("--slow-worker names worker %d, but the workers are 0 to %d"
+                               % (max(slow), args.workers - 1))
+    settings = Settings(solver=args.solver, workers=args.workers, job=args.job, snapshot=args.snapshot,
+                        weights=args.weights, heartbeat_s=args.heartbeat, keep=args.keep, max_iter=args.iterations,
+                        stats_path=args.stats, log=args.log,
+                        **{field: getattr(args, field) for _, field, _ in FLAGS if getattr(args, field) is not None})
+    settings.check()                        # a bad value: one line, before any process starts
+    handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
+    show = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    master_errors = []
+
+    def sink(line):
+        # the coordinator's own error line becomes this command's one error line, at the end
+        if line.startswith(MASTER_ERROR):
+            text = line[len(MASTER_ERROR):]
+            master_errors.append(text[len("error: "):] if text.startswith("error: ") else text)
+        else:
+            show(line)
+    progress = training_log.DistributedProgress(handler) if handler is not None else None
+    try:
+        code = launch.run_sandblaster_local(settings, threads=args.threads or 1, progress=progress, sink=sink,
+                                            slow_workers=slow)
+    finally:
+        if handler is not None:
+            handler.finish()
+    if code > 128:
+        why = "interrupted" if code == arguments.EXIT_INTERRUPTED else signal.Signals(code - 128).name
+        print("dist_caffe: %s: stopped the master and the workers" % why, file=sys.stderr)
+    elif code and master_errors:
+        raise PycaffeDistError(master_errors[-1])
+    elif code:
+        raise PycaffeDistError("the Sandblaster master exited with status %d (see its log lines above)" % code)
+    return code
+
+
+def cmd_sandblaster_master(args):
+    from ..distributed.sandblaster_master import SandblasterMaster, Settings
+    from ..solver import training_log
+    text = sys.stdin.read() if args.settings == "-" else _read_text(args.settings)
+    settings = Settings.from_json(text, "sandblaster settings %s" % ("on stdin" if args.settings == "-"
+                                                                     else args.settings))
+    training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
+    master = SandblasterMaster(settings)
+    print("job %s" % master.job, file=sys.stderr, flush=True)
+    master.run()
+    return 0
+
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        raise PycaffeDistError("%s: cannot read: %s" % (path, exc.strerror)) from None
+
+
+def cmd_sandblaster_worker(args):
+    from ..distributed.sandblaster import SandblasterWorker
+    from ..solver import training_log
+    training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
+    logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
+    worker = SandblasterWorker(args.redis, args.job, threads=args.threads or 1, wait_for_job_s=args.wait,
+                               worker_id=args.id, delay_s=args.delay)
+    stats = worker.run()
+    print("worker %s: %d units (%d batches) in %d pushes, %.1f s computing" % (
+        worker.id, stats["units"], stats["batches"], stats["pushes"], stats["compute_s"]), file=sys.stderr)
+    return 0
+
+
+def add_verbs(verbs):
+    p = verbs.add_parser("sandblaster-master", help="the coordinator of Sandblaster L-BFGS (what `train --mode "
+                         "sandblaster` starts)")
+    p.add_argument("--settings", required=True, help="its settings as JSON, from this file ('-': standard input): "
+                   "the fields of distributed/sandblaster_master.py's Settings")
+    p.set_defaults(func=cmd_sandblaster_master)
+
+    p = verbs.add_parser("sandblaster-worker", help="a worker of Sandblaster L-BFGS (what `train --mode sandblaster` "
+                         "starts)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL, as the master's")
+    p.add_argument("--job", help="job id (default: the only job on the server)")
+    p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
+    p.add_argument("--threads", type=int, help="CPU threads (default 1)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
+                   "(default 60)")
+    p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every unit: a straggler "
+                   "on purpose (default 0)")
+    p.set_defaults(func=cmd_sandblaster_worker)
