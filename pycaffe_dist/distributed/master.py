@@ -7,10 +7,11 @@ worker that pulls after a reply sees its own merge. Heartbeats tell it which wor
 W (modes/gossip.py): there W is made the mean of the workers' own weights for each test, snapshot and newcomer.
 
 Units: max_iter, display, test_interval, snapshot and the learning-rate schedule count merges (one per merged
-result; one per round of the live workers in sync and gossip), as SpeeDO counted them. The TEST nets score a copy
-of W every test_interval merges and at the end, on the tester's thread (tester.py) while merging goes on;
-snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's update history in
-gradient-only mode, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot` reads them.
+result; one per round of the live workers in sync, local-sgd and gossip), as SpeeDO counted them. The TEST nets
+score a copy of W every test_interval merges and at the end, on the tester's thread (tester.py) while merging goes
+on; snapshots are Caffe's .caffemodel / .solverstate of W (the solver state holds the master's update history in
+gradient-only mode, the outer momentum in local-sgd, zeros otherwise). Log lines are Caffe's, so `dist_caffe plot`
+reads them.
 
 A result, a gradient or a merged W that holds NaN or Inf is refused: the job stops with one line, a snapshot of
 the last finite W and a non-zero exit (DivergedError).
@@ -308,6 +309,12 @@ class Master:
     def dropped(self, message):
         self.dropped_count += 1
 
+    def slot(self, worker):
+        return self.members[worker].slot
+
+    def history(self):
+        return self.solver.history_sets()[0]
+
     # --- the loop ------------------------------------------------------------------------------------------------
 
     def publish(self):
@@ -346,7 +353,7 @@ class Master:
         self.epoch = self.store.publish_job(self.spec)
         for member in list(self.members.values()) + list(self.pending.values()):
             self.store.add_member(member.id, member.info)
-        if self.mode_name == "gradient-only":
+        if self.rule.keeps_history:
             self._save_history()
         self.dirty = True
         self.grace_until = time.monotonic() + self.heartbeat_s     # their heartbeat keys went too
@@ -571,7 +578,7 @@ class Master:
             self.rule.settle_weights()
         model, state = self.solver.snapshot_at(self.count)
         self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
-        if self.mode_name == "gradient-only" and not files_only:
+        if self.rule.keeps_history and not files_only:
             self._save_history()
         return model, state
 

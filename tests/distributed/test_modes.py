@@ -9,13 +9,15 @@ from .conftest import accuracies, keys_of, wait_for_merges
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 MODES = [("sync", []), ("async", []), ("partial-sync", ["--max-advance", 1]), ("weed-out", ["--weedout", 2]),
-         ("easgd", ["--moving-rate", 0.3, "--tau", 2]), ("gradient-only", []), ("gossip", [])]
+         ("easgd", ["--moving-rate", 0.3, "--tau", 2]), ("gradient-only", []), ("gossip", []),
+         ("local-sgd", ["--tau", 2])]
+ROUNDS = ("sync", "local-sgd")         # a merge is a round of every worker: half the merges
 
 
 @pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])
 def test_mode_trains_with_two_workers(mode, options, procs, make_solver, redis_client):
     job = "train-" + mode
-    procs.master(job, make_solver(max_iter=150 if mode == "sync" else 300), mode, 2, *options)
+    procs.master(job, make_solver(max_iter=150 if mode in ROUNDS else 300), mode, 2, *options)
     procs.worker(job, 0)
     procs.worker(job, 1)
     procs.check("master")
@@ -24,7 +26,7 @@ def test_mode_trains_with_two_workers(mode, options, procs, make_solver, redis_c
     stats = procs.stats()
     first, last = accuracies(stats)[0], accuracies(stats)[-1]
     assert first < 0.45 and last > 0.8, (first, last)
-    assert stats["count"] == (150 if mode == "sync" else 300)
+    assert stats["count"] == (150 if mode in ROUNDS else 300)
     assert set(stats["workers"]) == {"0", "1"}
     assert keys_of(redis_client, job) == []
 
@@ -32,7 +34,7 @@ def test_mode_trains_with_two_workers(mode, options, procs, make_solver, redis_c
 @pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])
 def test_mode_survives_a_killed_worker(mode, options, procs, make_solver, store_for):
     job = "kill-" + mode
-    merges = 800 if mode == "sync" else 1500
+    merges = 800 if mode in ROUNDS else 1500
     procs.master(job, make_solver(max_iter=merges), mode, 2, *options)
     procs.worker(job, 0)
     victim = procs.worker(job, 1)
@@ -42,7 +44,7 @@ def test_mode_survives_a_killed_worker(mode, options, procs, make_solver, store_
     procs.check("worker0", 30)
     log = procs.log("master")
     assert "Worker 1 has no heartbeat" in log
-    if mode == "sync":
+    if mode in ROUNDS:
         assert "Synchronous round: worker 1 is gone; the round goes on with 1 worker(s)" in log
     stats = procs.stats()
     assert stats["count"] == merges and list(stats["workers"]) == ["0"]

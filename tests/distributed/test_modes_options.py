@@ -15,6 +15,8 @@ def test_defaults_come_from_the_declarations():
     assert resolve_options("easgd", {"tau": 3}) == {"tau": 3, "moving_rate": None, "overlap": None}
     assert resolve_options("gradient-only", {}) == {"factor": None, "overlap": None}
     assert resolve_options("sync", {}) == {"tau": 1, "backup": 0, "overlap": None}
+    assert resolve_options("local-sgd", {}) == {"tau": 8, "outer_lr": 1.0, "outer_momentum": 0.5, "backup": 0,
+                                                 "overlap": None}
     for mode, module in MODES.items():                  # every mode runs with no options at all
         assert set(resolve_options(mode, {})) == {o.name for o in module.OPTIONS}
 
@@ -26,6 +28,9 @@ def test_defaults_come_from_the_declarations():
     ("partial-sync", {"max_advance": -1}, "--max-advance must be at least 0"),
     ("weed-out", {"weedout": 0}, "--weedout must be at least 1, got 0"),
     ("sync", {"backup": -1}, "--backup must be at least 0, got -1"),
+    ("local-sgd", {"outer_momentum": 1.0}, r"--outer-momentum must be in \[0, 1\), got 1.0"),
+    ("local-sgd", {"outer_lr": 0}, "--outer-lr must be positive, got 0"),
+    ("sync", {"outer_lr": 0.7}, r"--outer-lr is not an option of mode sync \(it is of local-sgd;"),
     ("sync", {"factor": 4}, "--factor is not an option of mode sync .* sync takes --tau, --backup, --overlap"),
     ("easgd", {"backup": 1}, "--backup is not an option of mode easgd"),
     ("gradient-only", {"tau": 3}, "--tau is not an option of mode gradient-only"),
@@ -45,12 +50,12 @@ def test_an_other_modes_option_at_its_default_is_accepted():
 def test_every_declared_option_is_a_flag_of_train_and_master(verb):
     parser = build_parser()
     argv = verb + ["--tau", "2", "--factor", "0.5", "--max-advance", "3", "--weedout", "4", "--moving-rate", "0.2",
-                   "--backup", "1", "--no-overlap"]
+                   "--backup", "1", "--no-overlap", "--outer-lr", "0.7", "--outer-momentum", "0.9"]
     args = parser.parse_args(argv)
     assert mode_options(args) == {"tau": 2, "factor": 0.5, "max_advance": 3, "weedout": 4, "moving_rate": 0.2,
-                                  "backup": 1, "overlap": False}
+                                  "backup": 1, "overlap": False, "outer_lr": 0.7, "outer_momentum": 0.9}
     assert mode_options(parser.parse_args(verb)) == {}
-    assert len(all_options()) == 7
+    assert len(all_options()) == 9
 
 
 def test_train_refuses_a_bad_option_in_one_line_before_starting_anything():

@@ -35,8 +35,20 @@ class Recorder:
     def apply_gradients(self, gradients, scale=1.0):
         self.gradients, self.rate_scale = gradients, scale
 
+    def slot(self, worker):
+        return int(worker)
+
+    def history(self):
+        if not hasattr(self, "velocity"):
+            self.velocity = [np.zeros_like(w) for w in self.weights]
+        return self.velocity
+
     class log:
-        warnings = []
+        warnings, infos = [], []
+
+        @classmethod
+        def info(cls, text, *args):
+            cls.infos.append(text % args)
 
         @classmethod
         def warning(cls, text, *args):
@@ -221,3 +233,55 @@ def test_sync_without_backup_waits_for_everyone():
     _deliver(master, rule, "0", 1.0)
     _deliver(master, rule, "1", 1.0)
     assert master.merges == []
+
+
+@pytest.mark.parametrize("arrival", ["012", "021", "210", "102"])
+def test_sync_sums_the_deltas_in_slot_order_whatever_their_arrival(arrival):
+    """float32 addition is not associative: 1e8 + 1 - 1e8 is 0 in slot order, 1 in the order 0, 2, 1."""
+    master, rule = _rule("sync")
+    rule.start(["0", "1", "2"])
+    for worker in arrival:
+        _deliver(master, rule, worker, {"0": 1e8, "1": 1.0, "2": -1e8}[worker])
+    assert master.merges == [list(arrival)] and master.weights[0].tolist() == [0.0] * 3
+    assert rule.total.early == {}
+
+
+def test_sync_adds_an_early_delta_once_the_worker_before_it_is_gone():
+    master, rule = _rule("sync")
+    rule.start(["0", "1", "2"])
+    _deliver(master, rule, "2", 1.0)
+    _deliver(master, rule, "1", 2.0)
+    assert len(rule.total.early) == 2 and rule.total.sum is None      # both wait for 0
+    rule.on_lost("0")
+    assert master.merges == [["2", "1"]] and master.weights[0].tolist() == [1.5] * 3
+
+
+def test_local_sgd_moves_w_by_nesterov_momentum_over_the_mean_delta():
+    a, m = 0.7, 0.9
+    master, rule = _rule("local-sgd", outer_lr=a, outer_momentum=m)
+    rule.start(["0", "1"])
+    w, v = 0.0, 0.0
+    for deltas in ((1.0, 3.0), (-2.0, 0.5), (4.0, 4.0)):
+        for worker, value in zip("01", deltas):
+            _deliver(master, rule, worker, value)
+        delta = sum(deltas) / 2
+        v = m * v + delta
+        w += a * (m * v + delta)
+        np.testing.assert_allclose(master.weights[0], w, rtol=1e-6)
+        np.testing.assert_allclose(master.velocity[0], v, rtol=1e-6)
+
+
+def test_local_sgd_with_rate_1_and_no_momentum_is_syncs_merge_bit_for_bit():
+    rng = np.random.default_rng(0)
+    deltas = [[rng.standard_normal(3).astype(np.float32) for _ in range(3)] for _ in range(4)]
+    weights = []
+    for mode, options in (("sync", {}), ("local-sgd", {"outer_lr": 1.0, "outer_momentum": 0.0})):
+        master, rule = _rule(mode, **options)
+        rule.start(["0", "1", "2"])
+        for round_deltas in deltas:
+            for worker in "201":
+                master.results[worker] = [round_deltas[int(worker)]]
+                rule.on_result(worker, {"worker": worker, "loss": 1.0})
+        weights.append(master.weights[0])
+    np.testing.assert_array_equal(weights[0], weights[1])
+    assert not hasattr(master, "velocity")      # no momentum: the outer state is never touched

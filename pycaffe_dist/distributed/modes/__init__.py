@@ -2,10 +2,11 @@
 rule, side by side in one module (base.py says what a mode module holds). `MODES` maps the command-line name to
 the module; `resolve_options` checks a job's options against the mode's declarations and fills in defaults."""
 from ...errors import PycaffeDistError
-from . import async_, easgd, gossip, gradient_only, ssp, sync, weedout
+from . import async_, easgd, gossip, gradient_only, local_sgd, ssp, sync, weedout
 
 MODES = {"sync": sync, "async": async_, "partial-sync": ssp, "weed-out": weedout, "easgd": easgd,
          "gradient-only": gradient_only, "gossip": gossip}
+MODES["local-sgd"] = local_sgd
 
 
 def all_options():
@@ -19,6 +20,11 @@ def all_options():
 
 def modes_using(option):
     return [name for name, module in MODES.items() if option in module.OPTIONS]
+
+
+def default_of(mode, option):
+    """The option's default in `mode`: its declaration's, unless the mode has its own (base.py: DEFAULTS)."""
+    return getattr(MODES[mode], "DEFAULTS", {}).get(option.name, option.default)
 
 
 def resolve_options(mode, given):
@@ -38,7 +44,7 @@ def resolve_options(mode, given):
                     ", ".join(o.flag for o in MODES[mode].OPTIONS) or "no options"))
             continue
         if value is None:
-            value = option.default
+            value = default_of(mode, option)
         elif option.type is not bool:
             value = option.type(value)
         problem = option.check(value) if option.check is not None and value is not None else None

@@ -8,6 +8,7 @@ Each mode module says:
 
   OPTIONS:      the options it takes (Option, below): the command line's flags and the job spec's values come
                 from these declarations, and nowhere else
+  DEFAULTS:     (optional) option name -> this mode's own default for a shared option (local-sgd's tau)
   Worker:       result(x_start, x_end, gradients, centre, options, workers) -> R, where centre is the last W
                 pulled and workers the live workers the master last counted;
                 next_start(status, pulled, x_end, result, in_flight) -> the weights of the next round, from the
@@ -66,6 +67,11 @@ class MasterView(Protocol):
 
     def merged(self, messages): ...                      # one merge done (messages: the results it merged)
 
+    def slot(self, worker): ...                          # the worker's data slot (a fixed order of the workers)
+
+    def history(self): ...                               # the solver's first history set (momentum) as arrays,
+    #                                                      in place: a .solverstate snapshot holds it
+
     def dropped(self, message): ...                      # a result thrown away
 
     def reply(self, worker, status, **fields): ...       # queue a reply: welcome, merged, dropped (fields: more
@@ -100,9 +106,11 @@ class DeltaWorker:
 
 class Rule:
     """The master side of a mode, over a MasterView. `options`: the mode's options, every one of them present
-    (modes.resolve_options fills in the defaults)."""
+    (modes.resolve_options fills in the defaults). `keeps_history`: the rule keeps state in MasterView.history(),
+    which the master then also saves to Redis with each snapshot (for --resume), as gradient-only's update rule."""
     depth = 1
     reads_results = True        # whether the master reads each result as it comes (ahead of on_result)
+    keeps_history = False
 
     def __init__(self, master: MasterView, options):
         self.master, self.options = master, options

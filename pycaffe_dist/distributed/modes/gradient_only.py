@@ -35,6 +35,7 @@ class Worker:
 
 class Master(Rule):
     depth = 0
+    keeps_history = True        # the solver's update rule on the master: its momentum or Adam's moments
     advice = "lower the solver's base_lr, or give --factor (the rate / FACTOR) at least the number of workers"
 
     def on_result(self, worker, message):

@@ -8,7 +8,11 @@ barrier's mean, and the workers are at most one round behind it; `--no-overlap` 
 Backup workers (`--backup b`, Chen, Pan, Monga, Bengio and Jozefowicz 2016): a round closes as soon as all but b
 of its workers have delivered, so the slowest b never hold it up. A straggler's result that arrives after its
 round closed is dropped (the reply says so, and the worker starts again from the new W); its next result counts
-in the round open then."""
+in the round open then.
+
+The deltas are summed in the order of the workers' data slots, whatever order they arrive in (SlotOrderSum):
+float32 addition is not associative, and a sum in arrival order made two runs of one job differ in the last bits
+from 3 workers on (and local-sgd's plain averaging could not be held to sync's bit for bit)."""
 import numpy as np
 
 from .base import OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
@@ -17,6 +21,40 @@ BACKUP = Option("backup", int, 0, "close each round when all but B workers have 
                 "results (backup workers)", at_least(0))
 OPTIONS = (TAU, BACKUP, OVERLAP)
 Worker = DeltaWorker       # this mode's worker side
+
+
+class SlotOrderSum:
+    """The sum of a round's results in slot order (`key`: a worker's place in it). A result is added as it comes
+    when no worker before it is still awaited, straight from the reader's arrays; one that comes early is kept (a
+    copy) until those before it are in or out of the round."""
+
+    def __init__(self, key):
+        self.key, self.sum, self.early = key, None, {}
+
+    def add(self, worker, arrays, waiting):
+        """`worker`'s result; `waiting`: the workers whose results the round still awaits (members all: a worker
+        that is gone may have delivered, so an early result keeps its place with it)."""
+        place = self.key(worker)
+        if any(self.key(w) < place for w in waiting):
+            self.early[place] = [np.array(a, dtype=np.float32) for a in arrays]
+        else:
+            self._accumulate(arrays)
+            self.drain(waiting)
+
+    def drain(self, waiting=()):
+        """Add the early results that no awaited worker comes before any more (all of them, with none awaited)."""
+        first = min(map(self.key, waiting), default=None)
+        for place in sorted(self.early):
+            if first is not None and place > first:
+                break
+            self._accumulate(self.early.pop(place))
+
+    def _accumulate(self, arrays):
+        if self.sum is None:
+            self.sum = [np.array(a, dtype=np.float32) for a in arrays]
+        else:
+            for t, a in zip(self.sum, arrays):
+                t += a
 
 
 class Master(Rule):
@@ -38,7 +76,8 @@ class Master(Rule):
 
     def _open_round(self, workers):
         self.round += 1
-        self.waiting, self.delivered, self.messages, self.total = set(workers), [], [], None
+        self.waiting, self.delivered, self.messages = set(workers), [], []
+        self.total = SlotOrderSum(lambda w: (self.master.slot(w), int(w)))
 
     def on_join(self, worker):
         if not self.waiting and not self.delivered:
@@ -67,13 +106,8 @@ class Master(Rule):
             self.master.dropped(message)
             self.master.reply(worker, "dropped")
             return
-        delta = self.master.read_result(worker)
-        if self.total is None:
-            self.total = [np.array(d, dtype=np.float32) for d in delta]
-        else:
-            for t, d in zip(self.total, delta):
-                t += d
         self.waiting.discard(worker)
+        self.total.add(worker, self.master.read_result(worker), self.waiting)
         self.delivered.append(worker)
         self.messages.append(message)
         self._maybe_close()
@@ -82,7 +116,8 @@ class Master(Rule):
         if self.waiting and not (self.delivered and len(self.waiting) <= self.backup):
             return
         if self.delivered:
-            self.master.add_to_weights(self.total, 1.0 / len(self.delivered))
+            self.total.drain()
+            self.step(self.total.sum, len(self.delivered))
             self.master.merged(self.messages)
         stragglers, everyone = sorted(self.waiting), self.delivered + self.joining
         self.joining = []
@@ -91,3 +126,7 @@ class Master(Rule):
         for w in everyone:
             self.due[w] = self.round
             self.master.reply(w, status.get(w, "welcome"))
+
+    def step(self, total, count):
+        """W moves by the round's `count` results, summed in `total`: by their mean (local-sgd: its outer step)."""
+        self.master.add_to_weights(total, 1.0 / count)

@@ -1,0 +1,67 @@
+"""Local SGD with an outer optimizer (`--tau H --outer-lr a --outer-momentum m`): SparkNet's tau-averaging (Moritz,
+Nishihara, Stoica and Jordan 2016) with DiLoCo's outer Nesterov step (Douillard et al. 2023, "DiLoCo: Distributed
+Low-Communication Training of Language Models", arXiv:2311.08105, Algorithm 1). Each round every live worker runs
+H local solver steps from W, behind a barrier per round (sync's rounds: backup workers, workers that join or go);
+the master takes the mean of the round's deltas as a pseudo-gradient and moves W by Nesterov momentum over it:
+
+    delta = mean over the round's workers of (x_end - x_start)
+    v     = m v + delta
+    W    += a (m v + delta)
+
+DiLoCo's outer gradient points the other way, g = x_start - x_end = -delta, and its OuterOpt is PyTorch's
+SGD(nesterov=True): buf = m buf + g; W -= a (g + m buf) (torch.optim.SGD's documentation; torchft's
+local_sgd.py, DiLoCo: the pseudo-gradient original - local is set as p.grad and the outer optimizer steps). With
+v = -buf the two are the same update.
+
+`--outer-lr 1 --outer-momentum 0` is plain model averaging: the same float operations as sync's W += sum / n (the
+deltas summed in slot order, one saxpy by a / n), so it gives `--mode sync --tau H` bit for bit (with the same
+--overlap: local-sgd waits at every barrier by default, DiLoCo's schedule, where sync overlaps).
+
+Defaults, for LeNet-scale jobs with small H (DiLoCo's a = 0.7, m = 0.9 are for H = 500 on language models):
+see DEFAULT_TAU, OUTER_LR and OUTER_MOMENTUM below.
+
+The outer momentum v is the master solver's first history set (Caffe's momentum history), so a .solverstate
+snapshot holds it and `dist_caffe master --snapshot S.solverstate` goes on with it; it is saved to Redis with
+each snapshot, and `--resume` takes it from there (the last snapshot's v, or 0 when there was none: logged)."""
+import numpy as np
+from scipy.linalg.blas import saxpy
+
+from . import sync
+from .base import OVERLAP, TAU, DeltaWorker, Option
+
+DEFAULT_TAU = 8
+OUTER_LR = Option("outer_lr", float, 1.0, "the outer optimizer's rate a: W += a (m v + mean delta)",
+                  lambda value: None if value > 0 else "must be positive, got %s" % value)
+OUTER_MOMENTUM = Option("outer_momentum", float, 0.5, "the outer optimizer's Nesterov momentum m (0: plain "
+                        "averaging)", lambda value: None if 0 <= value < 1 else "must be in [0, 1), got %s" % value)
+OPTIONS = (TAU, OUTER_LR, OUTER_MOMENTUM, sync.BACKUP, OVERLAP)
+DEFAULTS = {"tau": DEFAULT_TAU}
+Worker = DeltaWorker       # this mode's worker side
+
+
+class Master(sync.Master):
+    depth = 0              # every worker starts a round from the W of the last outer step (DiLoCo)
+    keeps_history = True
+    advice = "lower --outer-lr or --outer-momentum, or the solver's base_lr"
+
+    def __init__(self, master, options):
+        super().__init__(master, options)
+        self.rate, self.momentum = options["outer_lr"], options["outer_momentum"]
+
+    def start(self, workers):
+        if self.momentum:
+            velocity = self.master.history()
+            self.master.log.info("Local SGD: outer momentum %s" % (
+                "from the snapshot (|v| %.3g)" % max(float(np.abs(v).max()) for v in velocity)
+                if any(v.any() for v in velocity) else "starts at 0"))
+        super().start(workers)
+
+    def step(self, total, count):
+        if self.momentum:
+            velocity = self.master.history()
+            for v, t in zip(velocity, total):
+                v *= np.float32(self.momentum)
+                saxpy(t.reshape(-1), v.reshape(-1), a=1.0 / count)
+            self.master.add_to_weights(velocity, self.rate * self.momentum)
+        # With m = 0 and a = 1 this is sync's merge itself, scale and all.
+        self.master.add_to_weights(total, self.rate / count)
