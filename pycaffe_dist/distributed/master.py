@@ -34,6 +34,7 @@ from ..io.load import read_solver
 from ..proto import caffe_pb2
 from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
+from . import compression
 from . import job as jobs
 from .modes import MODES, resolve_options
 from . import results
@@ -134,7 +135,7 @@ class Master:
         self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]
         self.names = self.solver.weight_names()
-        self.reader = ResultReader(self.store, self.shapes)
+        self.reader = ResultReader(self.store, self.shapes, format=compression.format_of(options, self.shapes))
         self.publisher = ThreadPoolExecutor(1, thread_name_prefix="publish")
         self.publish_copy = [np.empty(s, np.float32) for s in self.shapes]
         self.publishing = None                  # the publish of W and replies in flight
@@ -649,8 +650,8 @@ class Master:
         elapsed = time.monotonic() - self.started_at
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
                     dropped=self.dropped_count, tests=self.test_results,
-                    mean_staleness=self.staleness_sum / max(1, self.count), **self.cpu_per_merge(),
-                    **self.rule.summary())
+                    mean_staleness=self.staleness_sum / max(1, self.count), **self.reader.sizes(),
+                    **self.cpu_per_merge(), **self.rule.summary())
 
     def cpu_per_merge(self):
         """Where the exchange's time goes: the CPU of the master's merging thread (the tester's apart) and of each

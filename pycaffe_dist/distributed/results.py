@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .compression import Damaged, read_error
+
 READ_THREADS = 4
 
 
@@ -24,10 +26,11 @@ def first_non_finite(arrays):
 
 class ResultReader:
     """Reads of the results of a store's workers, as arrays of `shapes`: start(worker) begins one, take(worker)
-    waits for it (or reads now). The arrays are the reader's scratch: give them back with release() once merged."""
+    waits for it (or reads now). The arrays are the reader's scratch: give them back with release() once merged.
+    With a compression.Format (`--compress`), a result is its payload, decoded here, on the reading thread."""
 
-    def __init__(self, store, shapes, threads=READ_THREADS):
-        self.store, self.shapes = store, shapes
+    def __init__(self, store, shapes, threads=READ_THREADS, format=None):
+        self.store, self.shapes, self.format = store, shapes, format
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="read")
         self.free, self.pending = [], {}
 
@@ -37,11 +40,29 @@ class ResultReader:
             self.pending[worker] = self.pool.submit(self._read, worker, out)
 
     def _read(self, worker, out):
-        arrays = self.store.get_result(worker, self.shapes, out=out, missing_ok=True)
+        if self.format is None:
+            arrays = self.store.get_result(worker, self.shapes, out=out, missing_ok=True)
+        else:
+            arrays = self._decoded(worker, out)
         if arrays is None:
             self.free.append(out)
             return None, None
         return arrays, first_non_finite(arrays)
+
+    def _decoded(self, worker, out):
+        payload = self.store.get_result(worker, [self.format.shape], missing_ok=True)
+        if payload is None:
+            return None
+        try:
+            return self.format.decode(payload[0], out)
+        except Damaged as exc:
+            raise read_error(self.store, worker, exc) from None
+
+    def sizes(self):
+        """The bytes of a result as sent, and as float32 (for the stats)."""
+        dense = 4 * sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+        return {"bytes_per_result": dense if self.format is None else self.format.nbytes,
+                "float32_bytes_per_result": dense}
 
     def take(self, worker):
         """(the worker's result, the index of its first blob holding NaN or Inf or None); (None, None) when the

@@ -24,6 +24,7 @@ from ..backend import select
 from ..errors import StoreError
 from ..solver.solver import Solver
 from . import job as jobs
+from .compression import ErrorFeedback
 from .modes import MODES
 from .store import Store, local_address
 
@@ -275,6 +276,7 @@ class Worker:
             solver = self._build_solver(slot, shards)
             self.shapes = solver.weight_shapes
             self.buffers = ExchangeBuffers(self.shapes)
+            self.feedback = ErrorFeedback.for_job(self.spec["options"], self.shapes)     # None: no --compress
             images = solver.images_per_iteration * (1 if self.mode.gradients else self.tau)
             while True:
                 try:
@@ -305,6 +307,8 @@ class Worker:
         """Rounds until the master says stop. `outcome` is the last reply (status, W, iteration) the worker knows;
         with depth 1 it is that of the round before the one that just ended, whose exchange was in flight."""
         depth, options = int(self.spec.get("depth", 1)), self.spec["options"]
+        if self.feedback is not None:
+            self.feedback.forget()              # a new start from W: nothing is owed to it
         start, iteration, base = outcome.pulled, outcome.iteration, outcome.version
         in_flight, round_id = None, 0
         # A round runs from one submit to the next; `blocked` is the part of it spent waiting on the exchange.
@@ -316,10 +320,11 @@ class Worker:
                 outcome = in_flight.result()
                 blocked += time.perf_counter() - waited
             result = self.mode.result(start, x_end, gradients, outcome.pulled, options, outcome.workers)
+            sent = result if self.feedback is None else self._compressed(result, outcome.status)
             now = time.perf_counter()
             info = {"loss": loss, "images": images, "compute_s": now - last_submit - blocked, "wait_s": blocked,
                     "base": base, "averagings": self.stats["averagings"]}
-            future = exchange.submit(self._exchange, round_id, result, info)
+            future = exchange.submit(self._exchange, round_id, sent, info)
             last_submit, blocked = now, 0.0
             in_flight = future if depth else None
             if not depth:
@@ -332,6 +337,13 @@ class Worker:
             self.stats["rounds"] += 1
             self.stats["images"] += images
             round_id += 1
+
+    def _compressed(self, result, status):
+        """The payload of `result` plus what earlier payloads left out (compression.py). `status`: the last reply's;
+        a dropped or reset result took what it owed with it."""
+        if status != "merged":
+            self.feedback.forget()
+        return self.feedback.encode(result)
 
     def _leave(self):
         try:

@@ -11,12 +11,12 @@ from tests.conftest import REPO
 
 
 def test_defaults_come_from_the_declarations():
-    assert resolve_options("async", {}) == {"tau": 1, "factor": None, "overlap": None}
+    assert resolve_options("async", {}) == {"tau": 1, "factor": None, "overlap": None, "compress": "none"}
     assert resolve_options("easgd", {"tau": 3}) == {"tau": 3, "moving_rate": None, "overlap": None}
-    assert resolve_options("gradient-only", {}) == {"factor": None, "overlap": None}
-    assert resolve_options("sync", {}) == {"tau": 1, "backup": 0, "overlap": None}
+    assert resolve_options("gradient-only", {}) == {"factor": None, "overlap": None, "compress": "none"}
+    assert resolve_options("sync", {}) == {"tau": 1, "backup": 0, "overlap": None, "compress": "none"}
     assert resolve_options("local-sgd", {}) == {"tau": 8, "outer_lr": 1.0, "outer_momentum": 0.5, "backup": 0,
-                                                 "overlap": None}
+                                                 "overlap": None, "compress": "none"}
     for mode, module in MODES.items():                  # every mode runs with no options at all
         assert set(resolve_options(mode, {})) == {o.name for o in module.OPTIONS}
 
@@ -31,7 +31,12 @@ def test_defaults_come_from_the_declarations():
     ("local-sgd", {"outer_momentum": 1.0}, r"--outer-momentum must be in \[0, 1\), got 1.0"),
     ("local-sgd", {"outer_lr": 0}, "--outer-lr must be positive, got 0"),
     ("sync", {"outer_lr": 0.7}, r"--outer-lr is not an option of mode sync \(it is of local-sgd;"),
-    ("sync", {"factor": 4}, "--factor is not an option of mode sync .* sync takes --tau, --backup, --overlap"),
+    ("sync", {"factor": 4}, "--factor is not an option of mode sync .* sync takes --tau, --backup, --overlap, "
+                            "--compress"),
+    ("easgd", {"compress": "1bit"}, r"--compress is not an option of mode easgd \(it is of sync, async, "
+                                    "gradient-only, local-sgd;"),
+    ("sync", {"compress": "2bit"}, "--compress must be none, 1bit or topk:FRACTION with 0 < FRACTION <= 1, got '2bit'"),
+    ("async", {"compress": "topk:0"}, "--compress must be none, 1bit or topk:FRACTION"),
     ("easgd", {"backup": 1}, "--backup is not an option of mode easgd"),
     ("gradient-only", {"tau": 3}, "--tau is not an option of mode gradient-only"),
     ("chaos", {}, "unknown mode 'chaos'"),
@@ -43,19 +48,21 @@ def test_bad_options_are_refused_with_the_flag_named(mode, given, message):
 
 def test_an_other_modes_option_at_its_default_is_accepted():
     """The Ansible role passes --tau 1 whatever the mode."""
-    assert resolve_options("gradient-only", {"tau": 1}) == {"factor": None, "overlap": None}
+    assert resolve_options("gradient-only", {"tau": 1}) == {"factor": None, "overlap": None, "compress": "none"}
 
 
 @pytest.mark.parametrize("verb", [["train", "--solver", "s"], ["master"]])
 def test_every_declared_option_is_a_flag_of_train_and_master(verb):
     parser = build_parser()
     argv = verb + ["--tau", "2", "--factor", "0.5", "--max-advance", "3", "--weedout", "4", "--moving-rate", "0.2",
-                   "--backup", "1", "--no-overlap", "--outer-lr", "0.7", "--outer-momentum", "0.9"]
+                   "--backup", "1", "--no-overlap", "--outer-lr", "0.7", "--outer-momentum", "0.9",
+            "--compress", "topk:0.01"]
     args = parser.parse_args(argv)
     assert mode_options(args) == {"tau": 2, "factor": 0.5, "max_advance": 3, "weedout": 4, "moving_rate": 0.2,
-                                  "backup": 1, "overlap": False, "outer_lr": 0.7, "outer_momentum": 0.9}
+                                  "backup": 1, "overlap": False, "outer_lr": 0.7, "outer_momentum": 0.9,
+                                  "compress": "topk:0.01"}
     assert mode_options(parser.parse_args(verb)) == {}
-    assert len(all_options()) == 9
+    assert len(all_options()) == 10
 
 
 def test_train_refuses_a_bad_option_in_one_line_before_starting_anything():

@@ -1,8 +1,8 @@
 """Asynchronous SGD (SpeeDO's default): every worker result is merged as it arrives, W += delta / staleness (or
 / --factor), and the worker goes on at once. Workers overlap their exchange with their next round (depth 1)."""
-from .base import FACTOR, OVERLAP, TAU, DeltaWorker, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, TAU, DeltaWorker, Rule
 
-OPTIONS = (TAU, FACTOR, OVERLAP)
+OPTIONS = (TAU, FACTOR, OVERLAP, COMPRESS)
 Worker = DeltaWorker       # this mode's worker side
 
 

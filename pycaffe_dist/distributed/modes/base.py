@@ -23,6 +23,8 @@ Each mode module says:
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from .. import compression
+
 
 @dataclass(frozen=True)
 class Option:
@@ -48,6 +50,9 @@ TAU = Option("tau", int, 1, "local solver steps per round", at_least(1))
 FACTOR = Option("factor", float, None, "merge each result scaled by 1/FACTOR (default: by 1/its staleness, the "
                 "merges W took since the weights the result started from, its own included)",
                 lambda value: None if value > 0 else "must be positive, got %s" % value)
+COMPRESS = Option("compress", str, "none", "send each result compressed, the rest kept for the next one (error "
+                  "feedback): 1bit (sign bits and two means per block of 512 values: 1/28 of the bytes) or "
+                  "topk:FRACTION (the largest |values| of each blob: 2 x FRACTION of the bytes)", compression.check)
 OVERLAP = Option("overlap", bool, None, "workers compute their next round while the last result travels (--overlap, "
                  "the default but in gradient-only) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
 

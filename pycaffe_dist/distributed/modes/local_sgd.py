@@ -27,14 +27,14 @@ import numpy as np
 from scipy.linalg.blas import saxpy
 
 from . import sync
-from .base import OVERLAP, TAU, DeltaWorker, Option
+from .base import COMPRESS, OVERLAP, TAU, DeltaWorker, Option
 
 DEFAULT_TAU = 8
 OUTER_LR = Option("outer_lr", float, 1.0, "the outer optimizer's rate a: W += a (m v + mean delta)",
                   lambda value: None if value > 0 else "must be positive, got %s" % value)
 OUTER_MOMENTUM = Option("outer_momentum", float, 0.5, "the outer optimizer's Nesterov momentum m (0: plain "
                         "averaging)", lambda value: None if 0 <= value < 1 else "must be in [0, 1), got %s" % value)
-OPTIONS = (TAU, OUTER_LR, OUTER_MOMENTUM, sync.BACKUP, OVERLAP)
+OPTIONS = (TAU, OUTER_LR, OUTER_MOMENTUM, sync.BACKUP, OVERLAP, COMPRESS)
 DEFAULTS = {"tau": DEFAULT_TAU}
 Worker = DeltaWorker       # this mode's worker side
 
