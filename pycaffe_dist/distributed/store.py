@@ -11,7 +11,8 @@ Every Redis call of the package is made here, and every key a job writes, under 
                       continues from), written with W in one transaction          master_state
   hist:{k}:{s}        the master's solver history set k (gradient-only), as W     put_history, get_history
   x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result,
-                                                                                  remove_result
+                      or (--compress) as its payload (compression.py), sliced    remove_result
+                      alike
   stats               hash: progress for displays (JSON)                          put_progress, progress
   inbox               list: JSON messages to the master (join, ready, result,     send_to_master, next_message(s),
                       leave), emptied as the job is published                     publish_job
