@@ -1,7 +1,8 @@
 """Does distributed training scale? LeNet on Fashion-MNIST: 1..N workers in every mode against 1 process and DDP.
 
     python bench/scaling.py [--batches 2000] [--every 80] [--workers 1,2,4,8,16] [--modes sync,async,...]
-                            [--threads 1] [--link RATE:DELAY] [--target 0.85] [--timeout 1800]
+                            [--compress 1bit,topk:0.01,...] [--threads 1] [--link RATE:DELAY] [--target 0.85]
+                            [--timeout 1800]
                             [--out out/bench_scaling] [--plot <out>.png]
 
 Every run trains prototxt/lenet_solver.prototxt's LeNet (prototxt/lenet_train_test.prototxt) from the same
@@ -23,10 +24,13 @@ root (the net's Data layers read data/fashion-mnist/{train,test}.datumfile relat
     Rank 0 writes the weights (.npz) at the same image counts as our snapshots.
   - each mode of --modes: `dist_caffe train --workers N --mode M --threads T --stats F` with no mode options (the
     modes' defaults; a mode that cannot run without options fails and is reported as failed), plus `--link
-    RATE:DELAY` when given (the link applies to our distributed runs only; the references run locally).
-    A distributed run counts merges: one merge takes one worker batch (64 images, tau 1) in the async-like modes
-    and one round of all N workers (64 N images) in sync and gossip, so it runs batches (sync, gossip: batches / N)
-    merges. Gossip has no global W: its snapshots are the mean of the workers' weights.
+    RATE:DELAY` when given (the link applies to our distributed runs only; the references run locally). With
+    `--compress C1,C2,...` a mode that takes --compress (sync, async, gradient-only, local-sgd) runs once per
+    codec (`none` for the float32 results), a row each; the others run once, uncompressed.
+    A distributed run counts merges: one merge takes one worker batch (64 images, tau 1) in the async-like modes,
+    one round of all N workers (64 N images) in sync and gossip and one of N workers x tau 8 steps (64 x 8 N
+    images) in local-sgd, so it runs batches (sync, gossip: batches / N; local-sgd: batches / 8 N) merges. Gossip
+    has no global W: its snapshots are the mean of the workers' weights.
     Sandblaster counts L-BFGS iterations: one evaluates the objective twice on a sample of 32 batches (its default
     --sample-batches) when its line search takes the first step, the usual case, so it runs batches / 64
     iterations; its points' images are the images it computed per iteration on average (its stats' images /
@@ -72,8 +76,8 @@ sys.path.insert(0, str(REPO))             # the checkout's package, installed or
 SOLVER = REPO / "prototxt" / "lenet_solver.prototxt"
 NET = REPO / "prototxt" / "lenet_train_test.prototxt"
 DATA = [REPO / "data" / "fashion-mnist" / f for f in ("train.datumfile", "test.datumfile")]
-MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip", "sandblaster")
-PER_ROUND = ("sync", "gossip")      # the modes whose merge is a round of all N workers
+MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip", "sandblaster", "local-sgd")
+PER_ROUND = ("sync", "gossip", "local-sgd")     # the modes whose merge is a round of all N workers
 SANDBLASTER_BATCHES_PER_ITER = 2 * 32     # two evaluations of a sample of --sample-batches 32: see the docstring
 BATCH, TEST_BATCHES, SCALE = 64, 100, 0.00390625        # lenet_train_test: batch 64, transform scale 1/256
 TARGET_N, TARGET_THREADS = 8, 2
@@ -112,19 +116,40 @@ def worker_counts(args, cores):
     return kept
 
 
-def new_run(args, kind, n, threads, mode=None):
-    """A run: kind 'single' (one process), 'ddp' or 'ours' (a distributed mode), on n processes or workers."""
+def new_run(args, kind, n, threads, mode=None, compress=None):
+    """A run: kind 'single' (one process), 'ddp' or 'ours' (a distributed mode, its results sent as --compress
+    says when given), on n processes or workers."""
     name = {"single": "1 process, %d thread%s" % (threads, "" if threads == 1 else "s"),
-            "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind]
-    # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together.
-    per_iter = n if kind == "ddp" or mode in PER_ROUND else SANDBLASTER_BATCHES_PER_ITER if mode == "sandblaster" \
-        else 1
+            "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind] + (" %s" % compress if compress else "")
+    # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together, tau each.
+    if kind != "ours":
+        per_iter = n if kind == "ddp" else 1
+    else:
+        per_iter = SANDBLASTER_BATCHES_PER_ITER if mode == "sandblaster" else \
+            (n if mode in PER_ROUND else 1) * tau_of(mode)
     if args.batches % per_iter or args.every % per_iter:
         print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
               % (name, args.batches, args.every, per_iter), flush=True)
-    return {"name": name, "kind": kind, "n": n, "mode": mode, "threads": threads, "images_per_iter": BATCH * per_iter,
+    return {"name": name, "kind": kind, "n": n, "mode": mode, "compress": compress, "threads": threads,
+            "images_per_iter": BATCH * per_iter,
             "max_iter": max(1, round(args.batches / per_iter)), "every": max(1, round(args.every / per_iter)),
             "dir": args.out / re.sub(r"[^\w.=-]+", "_", name)}
+
+
+def tau_of(mode):
+    """The local steps of a round in `mode` with no options (its default)."""
+    from pycaffe_dist.distributed.modes import resolve_options
+    return resolve_options(mode, {}).get("tau", 1)
+
+
+def takes_compress(mode):
+    from pycaffe_dist.distributed.modes import MODES as DECLARED
+    return mode in DECLARED and any(option.name == "compress" for option in DECLARED[mode].OPTIONS)
+
+
+def series(run):
+    """What a run is a point of in the plots: its mode (and codec), or its kind."""
+    return run["mode"] + (" " + run["compress"] if run["compress"] else "") if run["mode"] else run["kind"]
 
 
 def plan(args, counts):
@@ -137,8 +162,9 @@ def plan(args, counts):
             thread_counts.add(n * args.threads)
             runs.append(new_run(args, "single", 1, n * args.threads))
         runs.append(new_run(args, "ddp", n, args.threads))
-        runs += [new_run(args, "ours", n, args.threads, mode) for mode in args.modes
-                 if not (mode == "sandblaster" and args.link)]
+        runs += [new_run(args, "ours", n, args.threads, mode, compress) for mode in args.modes
+                 if not (mode == "sandblaster" and args.link)
+                 for compress in (args.compress if takes_compress(mode) else [None])]
     if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
         runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
     return runs
@@ -210,6 +236,8 @@ def start(run, solver_path, args):
         cmd += ["--workers", str(run["n"]), "--mode", run["mode"], "--stats", str(run["dir"] / "stats.json")]
         if args.link:
             cmd += ["--link", args.link]
+        if run["compress"]:
+            cmd += ["--compress", run["compress"]]
     return [popen(cmd, child_env(run["threads"]), "output.log")]
 
 
@@ -413,6 +441,14 @@ def references(runs):
     return single, ddp
 
 
+def round_bytes(run):
+    stats = run.get("stats") or {}
+    sent, dense = stats.get("bytes_per_result"), stats.get("float32_bytes_per_result")
+    if sent is None:
+        return "-"
+    return "%d" % sent + (" (1/%.1f)" % (dense / sent) if sent != dense else "")
+
+
 def ratio(run, ref):
     t, base = run["time_to_target_s"], ref and ref["time_to_target_s"]
     return t / base if t is not None and base else None
@@ -431,7 +467,7 @@ def table(runs, args):
     base = single[1]
     header = ["run", "N", "mode", "time to %.2f (s)" % args.target, "x 1-process (1 thread)",
               "x 1-process (N*T threads)", "x DDP (same N)", "final accuracy", "images/s", "speed-up vs 1 thread",
-              "exchange %"]
+              "exchange %", "bytes/round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         t = run["time_to_target_s"]
@@ -445,9 +481,12 @@ def table(runs, args):
                  "not reached" if t is None else "%.1f" % t,
                  fmt(ratio(run, base), "%.2f"), fmt(ratio(run, own) if own else None, "%.2f"),
                  fmt(ratio(run, ddp.get(run["n"])) if run["kind"] == "ours" else None, "%.2f"), final,
-                 fmt(run["images_per_s"], "%.0f"), fmt(speed, "%.2f"), fmt(percent(run["exchange_share"]), "%.1f")]
+                 fmt(run["images_per_s"], "%.0f"), fmt(speed, "%.2f"), fmt(percent(run["exchange_share"]), "%.1f"),
+                 round_bytes(run)]
         lines.append("| " + " | ".join(cells) + " |")
-    notes = ["N: processes (the workers of ours, DDP's ranks); T = --threads %d per worker or rank." % args.threads]
+    notes = ["N: processes (the workers of ours, DDP's ranks); T = --threads %d per worker or rank." % args.threads,
+             "bytes/round: what a worker sends the master per round, its result (--stats bytes_per_result; the "
+             "fraction of float32's where compressed)."]
     notes += ["FAILED: %s: %s" % (run["name"], run["error"]) for run in runs if run["rc"] != 0]
     if args.link:
         notes.append("--link %s applies to our distributed runs only; the 1-process and DDP references run locally."
@@ -501,12 +540,12 @@ def plot(runs, args, path):
     import matplotlib.pyplot as plt
     import matplotlib.ticker
     fig, (ax_acc, ax_speed) = plt.subplots(1, 2, figsize=(15, 6))
-    kinds = ["single", "ddp"] + list(args.modes)
+    kinds = list(dict.fromkeys(["single", "ddp"] + [series(r) for r in runs]))
     colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
     counts = sorted({r["n"] for r in runs})
     styles = ["-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1))]
     for run in runs:
-        key = run["mode"] or run["kind"]
+        key = series(run)
         style = styles[counts.index(run["n"]) % len(styles)] if run["kind"] != "single" else "-"
         accuracy = [float("nan") if p["accuracy"] is None else p["accuracy"] for p in run["points"]]   # gaps
         ax_acc.plot([p["time_s"] for p in run["points"]], accuracy, ls=style, marker=".", ms=3, color=colours[key],
@@ -521,7 +560,7 @@ def plot(runs, args, path):
     base = single[1]["images_per_s"]
     for key in kinds:
         pts = [(r["n"] if r["kind"] != "single" else r["threads"] // args.threads, r["images_per_s"] / base)
-               for r in runs if (r["mode"] or r["kind"]) == key and r["images_per_s"] and base and r["rc"] == 0]
+               for r in runs if series(r) == key and r["images_per_s"] and base and r["rc"] == 0]
         if key == "single":
             pts = [(n, s) for n, s in pts if n >= 1]
         if pts:
@@ -549,6 +588,8 @@ def main():
                     "(default 80: a multiple of every N of the default --workers)")
     ap.add_argument("--workers", default="1,2,4,8,16", help="comma list of N (capped: N x --threads <= cores)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes (default: all of them)")
+    ap.add_argument("--compress", help="comma list of --compress codecs (none, 1bit, topk:FRACTION): a run of "
+                    "each mode that takes --compress per codec")
     ap.add_argument("--threads", type=int, default=1, help="threads of each worker and DDP rank (default 1)")
     ap.add_argument("--link", metavar="RATE:DELAY", help="passed to our distributed runs as `train --link`")
     ap.add_argument("--target", type=float, default=0.85, help="the test accuracy to time (default 0.85)")
@@ -565,6 +606,12 @@ def main():
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
         raise SystemExit("bench: unknown mode(s) %s (use %s)" % (", ".join(unknown), ", ".join(MODES)))
+    args.compress = [c.strip() for c in (args.compress or "none").split(",") if c.strip()]
+    from pycaffe_dist.distributed.compression import check
+    bad = [problem for problem in map(check, args.compress) if problem]
+    if bad:
+        raise SystemExit("bench: --compress %s" % bad[0])
+    args.compress = [None if c == "none" else c for c in args.compress]
     args.out = pathlib.Path(args.out) if os.path.isabs(args.out) else REPO / args.out
     plot_path = pathlib.Path(args.plot) if args.plot else args.out.with_suffix(".png")
     plot_path = plot_path if plot_path.is_absolute() else REPO / plot_path
@@ -594,8 +641,8 @@ def main():
     print(verdict(runs, args))
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, args, plot_path)
-    keep = ("name", "kind", "n", "mode", "threads", "images_per_iter", "max_iter", "every", "rc", "error", "wall_s",
-            "points", "time_to_target_s", "final_accuracy", "diverged", "images_per_s", "master_images_per_s",
+    keep = ("name", "kind", "n", "mode", "compress", "threads", "images_per_iter", "max_iter", "every", "rc", "error",
+            "wall_s", "points", "time_to_target_s", "final_accuracy", "diverged", "images_per_s", "master_images_per_s",
             "exchange_share", "stats")
     raw = {"batches": args.batches, "every": args.every, "threads": args.threads, "link": args.link,
            "cores": args.cores, "target_accuracy": args.target, "training_s": training_s,
