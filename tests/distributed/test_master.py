@@ -20,12 +20,15 @@ ERROR = re.compile(r"dist_caffe: error: training diverged in mode (\S+) at merge
 @pytest.mark.redis
 @pytest.mark.slow
 @needs_fashion_mnist
-@pytest.mark.parametrize("mode", ["async", "sync", "easgd", "gradient-only"])
-def test_base_lr_1_stops_the_job_with_one_line_and_a_finite_snapshot(mode, lenet_solver, tmp_path):
-    job = "diverge-" + mode
+@pytest.mark.parametrize("mode, extra", [("async", []), ("sync", []), ("easgd", []), ("gradient-only", []),
+                                         ("local-sgd", ["--tau", 1]), ("async", ["--compress", "1bit"])],
+                         ids=["async", "sync", "easgd", "gradient-only", "local-sgd", "async-1bit"])
+def test_base_lr_1_stops_the_job_with_one_line_and_a_finite_snapshot(mode, extra, lenet_solver, tmp_path):
+    """A compressed NaN is sent as NaN (compression.py), and refused as any result holding NaN."""
+    job = "diverge-" + mode + ("-compressed" if "--compress" in extra else "")
     servers = _redis_servers()
     run = train_on_workers(lenet_solver(base_lr=1.0, max_iter=2000), 8, mode, tmp_path / "stats.json",
-                           "--job", job, timeout=300)
+                           "--job", job, *extra, timeout=300)
     assert run.returncode == 1, run.stderr[-3000:]
     errors = [line for line in run.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
     assert len(errors) == 1, errors

@@ -51,7 +51,7 @@ Worker = DeltaWorker       # this mode's worker side
 class Master(sync.Master):
     depth = 0              # every worker starts a round from the W of the last outer step (DiLoCo)
     keeps_history = True
-    advice = "lower --outer-lr or --outer-momentum, or the solver's base_lr"
+    advice = "lower the solver's base_lr, or --outer-lr or --outer-momentum"
 
     def __init__(self, master, options):
         super().__init__(master, options)
