@@ -9,7 +9,7 @@ Every Redis call of the package is made here, and every key a job writes, under 
                       (uint64 LE) + raw float32 LE data
   state               hash: merge count, current_step (what a restarted master    put_weights (with W),
                       continues from), written with W in one transaction          master_state
-  hist:{k}:{s}        the master's solver history set k (gradient-only), as W     put_history, get_history
+  hist:{k}:{s}        the master's history set k (gradient-only; local-sgd), as W  put_history, get_history
   x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result,
                       or (--compress) as its payload (compression.py), sliced    remove_result
                       alike
