@@ -54,17 +54,17 @@ def test_the_unit_of_a_worker_that_is_gone_is_computed_again(make_solver, procs,
     killed: once its heartbeat lapses its unit goes out again, worker 1 computes it, and the job ends."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"redis": redis_server.url, "solver": str(make_solver(max_iter=2)), "workers": 1,
-                                    "sample_batches": 4, "job": "lost", "heartbeat_s": 1.5,
+                                    "sample_batches": 4, "job": "sandblaster-lost", "heartbeat_s": 1.5,
                                     "stats_path": str(tmp_path / "master.json")}))
     procs.start("master", "sandblaster-master", "--settings", settings)
-    procs.start("worker0", "sandblaster-worker", "--redis", redis_server.url, "--job", "lost", "--id", 0,
+    procs.start("worker0", "sandblaster-worker", "--redis", redis_server.url, "--job", "sandblaster-lost", "--id", 0,
                 "--delay", 60)
     deadline = time.monotonic() + 60
     while "Starting: 1 workers ready" not in procs.log("master"):
         assert time.monotonic() < deadline, procs.log("master")[-3000:]
         time.sleep(0.2)
     time.sleep(1.0)                             # worker 0 has its unit: the only worker, it took the first one
-    procs.start("worker1", "sandblaster-worker", "--redis", redis_server.url, "--job", "lost", "--id", 1)
+    procs.start("worker1", "sandblaster-worker", "--redis", redis_server.url, "--job", "sandblaster-lost", "--id", 1)
     procs.procs["worker0"].kill()
     procs.check("master", timeout=120)
     log = procs.log("master")
