@@ -33,7 +33,8 @@ cdef extern from "sgemm.h" nogil:
         const ptrdiff_t* col
         const float* row_bias
         int accumulate
-    enum: PCD_SGEMM, PCD_NR
+    enum: PCD_SGEMM, PCD_SGEMM_AVX512, PCD_NR_ALIGN, PCD_SIMD_AVX2, PCD_SIMD_AVX512
+    int pcd_simd   # the path pcd_sgemm takes in this module
     size_t PCD_SGEMM_PACK_FLOATS
     void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed, pcd_operand b, pcd_result c,
                    float* pack)
@@ -69,6 +70,29 @@ cdef extern from "thread_buffer.h" nogil:
 def fused_available():
     """Whether this build has sgemm.h's AVX2/FMA GEMM (else float32 convolutions take conv_im2col's BLAS path)."""
     return bool(PCD_SGEMM)
+
+
+def simd_paths():
+    """The vector paths this build holds ("avx2", and "avx512" where it was compiled for AVX-512), widest last."""
+    if not PCD_SGEMM:
+        return ()
+    return ("avx2", "avx512") if PCD_SGEMM_AVX512 else ("avx2",)
+
+
+def simd():
+    """The path the kernels take now: the widest built, unless set_simd chose another."""
+    return "avx512" if PCD_SGEMM and pcd_simd == PCD_SIMD_AVX512 else "avx2"
+
+
+def set_simd(name):
+    """Makes the kernels take `name` (one of simd_paths()): the tests check every path a build holds. Returns the
+    previous one."""
+    global pcd_simd
+    if name not in simd_paths():
+        raise ValueError("conv_fused.set_simd: %r is not built here (paths: %s)" % (name, ", ".join(simd_paths())))
+    before = simd()
+    pcd_simd = PCD_SIMD_AVX512 if name == "avx512" else PCD_SIMD_AVX2
+    return before
 
 
 cdef inline pcd_operand _operand(const float* base, const ptrdiff_t* row, const ptrdiff_t* col) noexcept nogil:
@@ -396,10 +420,10 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     cdef Py_ssize_t cols = num * positions
     try:
         for t in prange(threads, nogil=True, schedule="static", num_threads=threads):
-            lo = (cols * t // threads) // PCD_NR * PCD_NR
-            hi = cols if t == threads - 1 else (cols * (t + 1) // threads) // PCD_NR * PCD_NR
-            r_lo = (f.kg * t // threads) // PCD_NR * PCD_NR
-            r_hi = f.kg if t == threads - 1 else (f.kg * (t + 1) // threads) // PCD_NR * PCD_NR
+            lo = (cols * t // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
+            hi = cols if t == threads - 1 else (cols * (t + 1) // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
+            r_lo = (f.kg * t // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
+            r_hi = f.kg if t == threads - 1 else (f.kg * (t + 1) // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
             if dwp != NULL:
                 _fused_columns(&f, im, y, &w[0], NULL, NULL, dwp, NULL, 0, 0, cols, r_lo, r_hi,
                                pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
@@ -407,8 +431,8 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                 _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im and not direct_dx else NULL, 0, lo,
                                hi, 0, 0, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if direct_dx:
-                _dx_direct(&f, dyp, &im_out[0], (in_cols * t // threads) // PCD_NR * PCD_NR,
-                           in_cols if t == threads - 1 else (in_cols * (t + 1) // threads) // PCD_NR * PCD_NR,
+                _dx_direct(&f, dyp, &im_out[0], (in_cols * t // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN,
+                           in_cols if t == threads - 1 else (in_cols * (t + 1) // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN,
                            pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
     finally:
         free(padded_im)
