@@ -232,6 +232,34 @@ cdef bint _few_columns(Fused* f, int* s):
     return s[1] == 1 and f.kg <= DIRECT_MAX_COLUMNS and f.out_w >= 8
 
 
+def plan(im_shape, kernel, pad, stride, dilation, int group, int out_channels):
+    """How run() computes a float32 2-D geometry's passes, as _run_fused decides (for the bench's tables):
+    {"forward": "gemm" or "direct" (conv_direct.h), "dW": the same, "dX": "correlation" (the flipped kernel's
+    GEMM), "fold8" (the GEMM's columns summed by fold8.h) or "col2im" (summed row by row)}. With one chunk split
+    over threads, a "direct" forward whose thread blocks do not end at an image's end takes the GEMM."""
+    cdef int c_im[MAX_AXES]
+    cdef int c_col[MAX_AXES]
+    cdef int k[MAX_AXES]
+    cdef int p[MAX_AXES]
+    cdef int s[MAX_AXES]
+    cdef int dl[MAX_AXES]
+    if _geometry(tuple(im_shape), tuple(kernel), tuple(pad), tuple(stride), tuple(dilation), c_im, c_col, k, p, s,
+                 dl) != 2:
+        raise ValueError("conv_fused.plan: 2-D images only (C, H, W), got image shape %r" % (tuple(im_shape),))
+    cdef Fused f
+    f.mg, f.kg, f.group, f.out_channels = out_channels // group, c_col[0] // group, group, out_channels
+    f.positions, f.cg, f.taps = c_col[1] * c_col[2], c_im[0] // group, k[0] * k[1]
+    f.out_h, f.out_w = c_col[1], c_col[2]
+    direct = "direct" if _few_columns(&f, s) else "gemm"
+    if _direct_dx_pays(&f, c_im, c_col, k, p, s, dl):
+        dx = "correlation"
+    elif pcd_fold8_fits(c_col[2], s[1], c_im[2] + 2 * p[1]):
+        dx = "fold8"
+    else:
+        dx = "col2im"
+    return {"forward": direct, "dW": direct, "dX": dx}
+
+
 _TABLES = {}
 _TABLES_KEPT = 64   # geometry x chunk entries; a net has a few of each
 

@@ -94,6 +94,17 @@ class ConvEngine:
         if dw is not None and not direct:
             dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
 
+    def kernel_path(self, dtype=np.float32):
+        """Which kernels this geometry's passes take, in words (bench/nets.py prints it per convolution): the
+        fused path's GEMM ("AVX-512" or "AVX2" micro-kernel, see conv_fused.set_simd) with, per pass, the GEMM or
+        conv_direct.h's direct sums, and the input diff's correlation, fold8.h or row-by-row col2im; or the
+        BLAS path (unrolled columns, im2col)."""
+        if np.dtype(dtype) == np.float32 and self.rows2d and sgemm_enabled():
+            plan = _fused.plan(*self.geometry, self.group, self.out_channels)
+            return "%s fwd %s, dW %s, dX %s" % ({"avx512": "AVX-512", "avx2": "AVX2"}[_fused.simd()],
+                                                 plan["forward"], plan["dW"], plan["dX"])
+        return "BLAS im2col%s" % (" (N-d)" if self.force_nd else "")
+
     def image_to_output(self, w, ims, out=None, bias=None, dw=None, y=None):
         """col = im2col(ims); out = W col (+ bias), and/or dW += y col^T.
         Convolution forward (out) and a deconvolution's backward (out = bottom diff, dW with y = its bottom)."""
