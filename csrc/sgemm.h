@@ -61,7 +61,7 @@ enum { PCD_SIMD_AVX2 = 0, PCD_SIMD_AVX512 = 1 };
 #if PCD_SGEMM
 
 /* The path pcd_sgemm takes, in this module (each extension that includes this header has its own). */
-static int pcd_simd = PCD_SGEMM_AVX512 ? PCD_SIMD_AVX512 : PCD_SIMD_AVX2;
+static int pcd_simd __attribute__((unused)) = PCD_SGEMM_AVX512 ? PCD_SIMD_AVX512 : PCD_SIMD_AVX2;
 
 #define PCD_PASTE2(a, b) a##_##b
 #define PCD_PASTE(a, b) PCD_PASTE2(a, b)
@@ -162,7 +162,7 @@ static __attribute__((unused)) void pcd_pack_a_all(int m, int k, pcd_operand a, 
 }
 
 #else   /* no AVX2 / FMA: never called (callers check PCD_SGEMM) */
-static int pcd_simd = PCD_SIMD_AVX2;
+static int pcd_simd __attribute__((unused)) = PCD_SIMD_AVX2;
 static __attribute__((unused)) void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed,
                                               pcd_operand b, pcd_result c, float* pack) {
     (void)m; (void)n; (void)k; (void)a; (void)a_packed; (void)b; (void)c; (void)pack;
