@@ -134,11 +134,13 @@ def test_input_diff_writes_nothing_past_the_images(threads, im_shape, kernel, pa
 
 
 @pytest.mark.parametrize("im_shape, kernel, pad, stride, dilation, group, out_channels", GEOMETRIES)
-def test_every_path_gives_the_same_bits(simd, im_shape, kernel, pad, stride, dilation, group, out_channels):
+def test_every_path_gives_the_same_bits(simd, threads, im_shape, kernel, pad, stride, dilation, group,
+                                       out_channels):
     # the AVX-512 kernels sum each element in the AVX2 kernels' order (sgemm_avx512.h, conv_direct_avx512.h): a
     # build's paths agree, but for the direct weight gradient, whose lanes are summed 16 rather than 8 at a time
     if simd != PATHS[-1] or len(PATHS) < 2:
         pytest.skip("one comparison per geometry, where the build holds two paths")
+    threads(1)   # (threads take chunks as they come, and their dW partials add up in that order)
     engine = conv.ConvEngine(im_shape, kernel, pad, stride, dilation, group, out_channels)
     rng = np.random.default_rng(7)
     num = 5
