@@ -10,7 +10,7 @@ import pytest
 
 from pycaffe_dist import common
 from pycaffe_dist._kernels import conv_fused as _fused
-from pycaffe_dist.backend import conv
+from pycaffe_dist.backend import conv, simd
 
 pytestmark = pytest.mark.skipif(not conv.sgemm_enabled(), reason="this build has no AVX2/FMA GEMM (sgemm.h)")
 PATHS = _fused.simd_paths() if conv.sgemm_enabled() else ("avx2",)
@@ -37,14 +37,14 @@ GEOMETRIES = [
 
 
 @pytest.fixture(autouse=True, params=PATHS)
-def simd(request):
+def path(request):
     """Every test on each vector path this build holds."""
     if not conv.sgemm_enabled():
         yield None
         return
-    before = _fused.set_simd(request.param)
+    before = simd.use(request.param)
     yield request.param
-    _fused.set_simd(before)
+    simd.use(before)
 
 
 @pytest.fixture
@@ -134,11 +134,11 @@ def test_input_diff_writes_nothing_past_the_images(threads, im_shape, kernel, pa
 
 
 @pytest.mark.parametrize("im_shape, kernel, pad, stride, dilation, group, out_channels", GEOMETRIES)
-def test_every_path_gives_the_same_bits(simd, threads, im_shape, kernel, pad, stride, dilation, group,
+def test_every_path_gives_the_same_bits(path, threads, im_shape, kernel, pad, stride, dilation, group,
                                        out_channels):
     # the AVX-512 kernels sum each element in the AVX2 kernels' order (sgemm_avx512.h, conv_direct_avx512.h): a
     # build's paths agree, but for the direct weight gradient, whose lanes are summed 16 rather than 8 at a time
-    if simd != PATHS[-1] or len(PATHS) < 2:
+    if path != PATHS[-1] or len(PATHS) < 2:
         pytest.skip("one comparison per geometry, where the build holds two paths")
     threads(1)   # (threads take chunks as they come, and their dW partials add up in that order)
     engine = conv.ConvEngine(im_shape, kernel, pad, stride, dilation, group, out_channels)
@@ -149,8 +149,8 @@ def test_every_path_gives_the_same_bits(simd, threads, im_shape, kernel, pad, st
     b = rng.standard_normal(out_channels).astype(np.float32)
     y = rng.standard_normal((num, out_channels) + engine.out_spatial).astype(np.float32)
     results = []
-    for path in PATHS:
-        _fused.set_simd(path)
+    for name in PATHS:
+        simd.use(name)
         out = np.empty(y.shape, np.float32)
         engine.image_to_output(w, x, out=out, bias=b)
         dw = np.ones(w.shape, np.float32)
