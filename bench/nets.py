@@ -151,14 +151,14 @@ def run_ours(net_name, threads, iterations, batch=None):
     from pycaffe_dist.net.net import Net
     from pycaffe_dist.proto import caffe_pb2
     common.set_num_threads(threads)
-    gemm_sample, gemm_gflops = _gemm_sampler()
+    gemm_sample, gemm_gflops, ours_gflops = _gemm_sampler()
     gemm_sample()   # BLAS's own buffers, allocated at its first call, belong to the base too
-    del gemm_gflops[:]
+    del gemm_gflops[:], ours_gflops[:]
     base = _peak_rss_mb()
     net = Net(_net_param(net_name, batch), phase=caffe_pb2.TRAIN)
     _random_inputs(net)
     times = _times_ms(net.forward_backward, iterations, between=gemm_sample)
-    return {"times_ms": times, "gemm_gflops": gemm_gflops, "flops": fwd_bwd_flops(net),
+    return {"times_ms": times, "gemm_gflops": gemm_gflops, "ours_gflops": ours_gflops, "flops": fwd_bwd_flops(net),
             "conv_paths": conv_paths(net), "path": simd_path()}, base
 
 
@@ -184,17 +184,25 @@ def conv_paths(net):
 
 def _gemm_sampler():
     """A function that times one float32 CALIBRATION_N^3 GEMM through numpy's BLAS (one thread: see
-    common.set_num_threads) and adds its GFLOP/s to the list returned with it: how fast the machine runs now."""
+    common.set_num_threads) and one through our csrc/sgemm.h (one thread; where built), and adds their GFLOP/s to
+    the two lists returned with it: how fast the machine runs now. On an AVX-512 machine numpy's OpenBLAS may
+    still run an AVX2 kernel (Zen 5), and ours the AVX-512 one: the floor takes the faster."""
     import numpy as np
+    from pycaffe_dist.backend import blas, conv
     a = np.random.default_rng(0).standard_normal((CALIBRATION_N, CALIBRATION_N)).astype(np.float32)
     c = np.empty_like(a)
-    rates = []
+    rates, ours = [], []
+    gemm = blas.kernel("gemm").gemm if conv.sgemm_enabled() else None
 
     def sample():
         start = time.perf_counter()
         np.matmul(a, a, out=c)
         rates.append(2.0 * CALIBRATION_N ** 3 / (time.perf_counter() - start) / 1e9)
-    return sample, rates
+        if gemm is not None:
+            start = time.perf_counter()
+            gemm(False, False, 1.0, a, a, 0.0, c, 1)
+            ours.append(2.0 * CALIBRATION_N ** 3 / (time.perf_counter() - start) / 1e9)
+    return sample, rates, ours
 
 
 def fwd_bwd_flops(net):
@@ -384,7 +392,8 @@ def _in_turns(net_name, threads, iterations, rounds, have_torch, batch):
                    "extra_mb": max(res["extra_mb"] for res in results)}
         if "flops" in results[0]:   # ours: the net's FLOPs and the GEMM rate timed between its iterations
             summary.update(flops=results[0]["flops"], conv_paths=results[0]["conv_paths"], path=results[0]["path"],
-                           gemm_gflops=_median([g for res in results for g in res["gemm_gflops"]]))
+                           gemm_gflops=_median([g for res in results for g in res["gemm_gflops"]]),
+                           ours_gflops=_median([g for res in results for g in res["ours_gflops"]] or [0.0]))
         return summary
     return pooled(runs["ours"]), pooled(runs["torch"])
 
@@ -452,7 +461,7 @@ def main():
     rows, paths = [], []
     header = ("net", "batch", "threads", "path", "pycaffe-dist ms", "PyTorch ms", "ours/PyTorch", "target",
               "Caffe ms (1 thr)",
-              "ours/Caffe", "GEMM GFLOP/s", "GEMM floor ms", "ours % of GEMM", "peak RSS ours MB",
+              "ours/Caffe", "BLAS GEMM GFLOP/s", "sgemm.h GFLOP/s", "GEMM floor ms", "ours % of GEMM", "peak RSS ours MB",
               "peak RSS torch MB", "+RSS ours", "+RSS torch")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -460,7 +469,7 @@ def main():
         for threads in [int(t) for t in args.threads.split(",")]:
             batch = batches[net_name]
             ours, ref = _in_turns(net_name, threads, args.iterations, args.rounds, have_torch, batch)
-            gemm_gflops = ours["gemm_gflops"]
+            gemm_gflops = max(ours["gemm_gflops"], ours["ours_gflops"])
             caffe = CAFFE_MS.get(net_name) if threads == 1 and batch == NETS[net_name][1] else None
             floor_ms = ours["flops"] / (threads * gemm_gflops * 1e9) * 1e3
             target = CPU_TARGETS.get(net_name) if threads == 1 else None
@@ -468,7 +477,8 @@ def main():
                 target, "met" if ours["ms"] / ref["ms"] <= target else "NOT MET")
             row = (net_name, batch, threads, ours["path"], "%.1f" % ours["ms"], "%.1f" % ref["ms"] if ref else "-",
                    "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-", verdict, "%.1f" % caffe if caffe else "-",
-                   "%.2f" % (ours["ms"] / caffe) if caffe else "-", "%.0f" % gemm_gflops, "%.1f" % floor_ms,
+                   "%.2f" % (ours["ms"] / caffe) if caffe else "-", "%.0f" % ours["gemm_gflops"],
+                   "%.0f" % ours["ours_gflops"] if ours["ours_gflops"] else "-", "%.1f" % floor_ms,
                    "%.0f" % (100 * floor_ms / ours["ms"]), "%.0f" % ours["peak_mb"],
                    "%.0f" % ref["peak_mb"] if ref else "-", "%.0f" % ours["extra_mb"],
                    "%.0f" % ref["extra_mb"] if ref else "-")
@@ -476,10 +486,11 @@ def main():
             print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
             if threads == int(args.threads.split(",")[0]):
                 paths.append((net_name, ours["conv_paths"]))
-    print("\nGEMM GFLOP/s: a float32 %d^3 GEMM through numpy's BLAS on one thread, timed after each of our timed\n"
-          "iterations (the median; issue 3 puts these machines at about 104 GFLOP/s a core). GEMM floor: the net's\n"
-          "forward+backward FLOPs at that rate times the threads, what its products alone take; ours %% of GEMM =\n"
-          "floor / ours." % CALIBRATION_N)
+    print("\nBLAS GEMM GFLOP/s: a float32 %d^3 GEMM through numpy's BLAS on one thread, timed after each of our\n"
+          "timed iterations (the median; issue 3 puts these machines at about 104 GFLOP/s a core); sgemm.h GFLOP/s:\n"
+          "the same through our csrc/sgemm.h (its AVX-512 kernel where built). GEMM floor: the net's forward+backward\n"
+          "FLOPs at the faster rate times the threads, what its products alone take; ours %% of GEMM = floor / ours."
+          % CALIBRATION_N)
     for net_name, convs in paths:
         print("\n%s: the kernels of each convolution (layer, input C x H x W: path)" % net_name)
         for name, shape, path in convs:
