@@ -165,12 +165,28 @@ cdef bint _direct_dx_pays(Fused* f, int* c_im, int* c_col, int* k, int* p, int* 
 
 
 cdef int DIRECT_MAX_COLUMNS = 100
+cdef int DIRECT16_FEW_COLUMNS = 32
+cdef Py_ssize_t DIRECT16_MAX_IMAGE = 32768
 cdef bint _few_columns(Fused* f, int* s):
     # conv_direct.h for layers with few weight columns per group (LeNet's conv1: 25, CIFAR-10 quick's: 75), where
     # a GEMM would use each packed value only a few dozen times; its weight gradient ran 0.5x (LeNet conv1) and
     # 0.8x (CIFAR conv1) the GEMM's time, and 1.6x on LeNet's conv2 (500 columns). Its vector loads need output
     # columns that are consecutive image columns (stride 1 along the width) and rows of 8 or more.
+    # On the AVX-512 path the GEMM runs twice as fast, the direct sums less so: there they take rows of 16 or more
+    # only (conv_direct_avx512.h; SqueezeNet's 13 x 13 expand1x1 ran 2.3x and 1.7x the GEMM's time on the AVX2
+    # sums).
+    if pcd_simd == PCD_SIMD_AVX512 and f.out_w < 16:
+        return False
     return s[1] == 1 and f.kg <= DIRECT_MAX_COLUMNS and f.out_w >= 8
+
+
+cdef bint _direct_forward(Fused* f, int* s):
+    # The forward's direct sums read the whole image once per block of outputs (8 on the AVX-512 path): there,
+    # beyond 32 columns, only where an image stays in L2 (CIFAR-10 quick's conv1, 3 x 36 x 36; not GoogLeNet's
+    # conv2/3x3_reduce, 64 x 56 x 56, which the GEMM ran in 0.8x the time).
+    if not _few_columns(f, s):
+        return False
+    return pcd_simd != PCD_SIMD_AVX512 or f.kg <= DIRECT16_FEW_COLUMNS or f.im_image <= DIRECT16_MAX_IMAGE
 
 
 def plan(im_shape, kernel, pad, stride, dilation, int group, int out_channels):
@@ -191,14 +207,16 @@ def plan(im_shape, kernel, pad, stride, dilation, int group, int out_channels):
     f.mg, f.kg, f.group, f.out_channels = out_channels // group, c_col[0] // group, group, out_channels
     f.positions, f.cg, f.taps = c_col[1] * c_col[2], c_im[0] // group, k[0] * k[1]
     f.out_h, f.out_w = c_col[1], c_col[2]
-    direct = "direct" if _few_columns(&f, s) else "gemm"
+    f.im_image = <Py_ssize_t>c_im[0] * (c_im[1] + 2 * p[0]) * (c_im[2] + 2 * p[1])
+    forward = "direct" if _direct_forward(&f, s) else "gemm"
+    dw = "direct" if _few_columns(&f, s) else "gemm"
     if _direct_dx_pays(&f, c_im, c_col, k, p, s, dl):
         dx = "correlation"
     elif pcd_fold8_fits(c_col[2], s[1], c_im[2] + 2 * p[1]):
         dx = "fold8"
     else:
         dx = "col2im"
-    return {"forward": direct, "dW": direct, "dX": dx}
+    return {"forward": forward, "dW": dw, "dX": dx}
 
 
 _TABLES = {}
@@ -275,7 +293,7 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     f.cg, f.taps = channels // group, k[0] * k[1]
     f.out_h, f.out_w = c_col[1], c_col[2]
     f.im_image, f.im_step = padded_count if has_pad else im_count, <Py_ssize_t>s[0] * padded_w
-    f.fwd_direct = want_out and _few_columns(&f, s)
+    f.fwd_direct = want_out and _direct_forward(&f, s)
     f.dw_direct = want_dw and _few_columns(&f, s)
     # the tables (np.intp is ptrdiff_t here), built once per geometry and chunk
     cdef bint direct_dx = want_im and _direct_dx_pays(&f, c_im, c_col, k, p, s, dl)

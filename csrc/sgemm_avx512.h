@@ -55,6 +55,20 @@ static inline pcd_half pcd_half_of(const ptrdiff_t* t, int v, int code) {
     return h;
 }
 
+/* The w (<= NR) column offsets from col as two vectors of 32-bit indices for gathers (0 past w); 0 where an
+   offset does not fit 32 bits. */
+static inline int pcd_gather_index(const ptrdiff_t* col, int w, __m512i* idx0, __m512i* idx1) {
+    int lanes[PCD_NR] __attribute__((aligned(64)));
+    for (int q = 0; q < PCD_NR; q++) {
+        ptrdiff_t o = q < w ? col[q] : 0;
+        if (o > 0x7fffffff || o < -0x7fffffff) return 0;
+        lanes[q] = (int)o;
+    }
+    *idx0 = _mm512_load_si512((const void*)lanes);
+    *idx1 = _mm512_load_si512((const void*)(lanes + 16));
+    return 1;
+}
+
 /* B[0:kc, 0:nc] into slivers of NR columns: dst[(j / NR) * NR * kc + p * NR + j % NR], zero past nc. */
 static void pcd_pack_b_avx512(int kc, int nc, pcd_operand b, float* dst) {
     for (int j0 = 0; j0 < nc; j0 += PCD_NR, dst += PCD_NR * kc) {
@@ -76,7 +90,13 @@ static void pcd_pack_b_avx512(int kc, int nc, pcd_operand b, float* dst) {
             continue;
         }
         /* scattered columns (a strided or transposed B: dW = y col^T): where 8 rows are consecutive in memory,
-           each column gives 8 values at once, and 8 x 8 transposes lay them out */
+           each column gives 8 values at once, and 8 x 8 transposes lay them out; else each row is gathered,
+           16 columns an instruction (a stride-2 convolution's columns, a 7 x 7 map's rows of 7 in a padded row of
+           9): one gather instead of 16 loads and 16 stores */
+        __m512i idx0 = _mm512_setzero_si512(), idx1 = idx0;
+        int gather = pcd_gather_index(col, w, &idx0, &idx1);
+        __mmask16 g0 = (__mmask16)(w >= 16 ? 0xffff : (1u << w) - 1);
+        __mmask16 g1 = (__mmask16)(w >= 32 ? 0xffff : w > 16 ? (1u << (w - 16)) - 1 : 0);
         int p = 0;
         while (p < kc) {
             if (p + 8 <= kc && pcd_consecutive8(b.row + p)) {
@@ -89,6 +109,13 @@ static void pcd_pack_b_avx512(int kc, int nc, pcd_operand b, float* dst) {
                     for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (p + i) * PCD_NR + part * 8, v[i]);
                 }
                 p += 8;
+            } else if (gather) {
+                const float* src = b.base + b.row[p];
+                _mm512_store_ps(dst + p * PCD_NR,
+                                _mm512_mask_i32gather_ps(_mm512_setzero_ps(), g0, idx0, src, 4));
+                _mm512_store_ps(dst + p * PCD_NR + 16,
+                                _mm512_mask_i32gather_ps(_mm512_setzero_ps(), g1, idx1, src, 4));
+                p++;
             } else {
                 const float* src = b.base + b.row[p];
                 for (int q = 0; q < PCD_NR; q++) dst[p * PCD_NR + q] = q < w ? src[col[q]] : 0;
