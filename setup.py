@@ -5,7 +5,9 @@ pycaffe_dist.common.set_num_threads sets the thread count. PYCAFFE_DIST_KERNELS=
 
 The kernels are compiled for the building machine's CPU (-march=native: AVX2/AVX-512 where it has them), as the
 package is built where it runs. PYCAFFE_DIST_MARCH sets another target, e.g. x86-64-v2 for a wheel that other
-machines install. -ffp-contract=off keeps a * b + c two roundings, as Caffe's x86-64 build computes it, so
+machines install. PCD_SIMD=avx2 builds without AVX-512 (-mno-avx512f) on a machine that has it: the kernels then
+take their AVX2 paths only, as on an AVX2 machine (to measure or test those; a build with AVX-512 holds the AVX2
+GEMM too, and conv_fused.set_simd switches between them at run time). -ffp-contract=off keeps a * b + c two roundings, as Caffe's x86-64 build computes it, so
 that FMA does not move results away from Caffe's.
 
 The CUDA kernels (csrc/cuda/*.cu) are built after the extensions by pycaffe_dist/backend/kernel_source.py: always
@@ -25,6 +27,10 @@ from setuptools.command.build_ext import build_ext
 CSRC = pathlib.Path(__file__).parent / "csrc"
 only = {s for s in os.environ.get("PYCAFFE_DIST_KERNELS", "").split(",") if s}
 march = os.environ.get("PYCAFFE_DIST_MARCH", "native")
+simd = os.environ.get("PCD_SIMD", "")
+if simd not in ("", "native", "avx2"):
+    raise SystemExit("setup.py: PCD_SIMD=%r: use avx2 (no AVX-512), or leave it unset" % simd)
+simd_flags = ["-mno-avx512f"] if simd == "avx2" else []
 
 
 def _headers(pyx):
@@ -44,7 +50,7 @@ def _headers(pyx):
 extensions = [
     Extension("pycaffe_dist._kernels.%s" % pyx.stem, [str(pyx.relative_to(CSRC.parent))],
               include_dirs=[np.get_include(), str(CSRC)], depends=_headers(pyx),
-              extra_compile_args=["-O3", "-fopenmp", "-march=" + march, "-ffp-contract=off"],
+              extra_compile_args=["-O3", "-fopenmp", "-march=" + march, "-ffp-contract=off"] + simd_flags,
               extra_link_args=["-fopenmp"],
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
     for pyx in sorted(CSRC.glob("*.pyx")) if not only or pyx.stem in only

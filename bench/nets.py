@@ -3,7 +3,8 @@
 CPU mode measures LeNet and CIFAR-10 quick by default; --gpu measures LeNet, CIFAR-10 quick and AlexNet.
 
     python bench/nets.py [--iterations 30] [--rounds 3] [--threads 1,2] [--nets lenet,cifar10_quick]
-                         [--plot out.png]
+                         [--batch googlenet=8] [--plot out.png]
+    python bench/nets.py --nets lenet,cifar10_quick,resnet18,squeezenet,googlenet --iterations 10
     python bench/nets.py --gpu [--iterations 30] [--nets lenet,cifar10_quick,alexnet] [--plot out.png]
                          [--gemm-size 8192] [--torch-tf32]
 
@@ -20,7 +21,11 @@ clock), says how fast the machine ran meanwhile; the row's "GEMM floor" is the n
 (counted as in GPU mode below) at that rate times the threads: what its products alone would take, the floor
 issue 3 names (8 and 66 ms at 104 GFLOP/s). Peak RSS is the process's maximum resident set (the largest of the
 rounds); "+RSS" subtracts what the process held before building the net (Python, numpy or torch themselves, and
-for ours the GEMM's two 1 MB matrices).
+for ours the GEMM's two 1 MB matrices). The CPU batch is NETS's, or CPU_BATCH's where the CPU takes a smaller one
+(ResNet-18 and GoogLeNet 16), or --batch's. "path" is the vector path of our float32 convolutions (AVX-512 or
+AVX2: csrc/sgemm.h, chosen by the build; BLAS without AVX2); after the table, each net's convolutions are listed
+with the kernels their passes take (ConvEngine.kernel_path). "target": issue 29's ours/PyTorch targets at 1
+thread on an AVX-512 machine.
 
 GPU mode (--gpu; needs pycuda, the nvcc-built kernels and PyTorch with CUDA). Nets and batches: LeNet 64,
 CIFAR-10 quick 100, AlexNet 128 (bench/nets/alexnet_input.prototxt: Caffe's bvlc_alexnet train_val with Input
@@ -63,7 +68,12 @@ NETS = {"lenet": (HERE / "nets" / "lenet_input.prototxt", 64),
         "alexnet": (HERE / "nets" / "alexnet_input.prototxt", 128),
         "resnet50": (HERE / "nets" / "resnet50_input.prototxt", 32),
         "googlenet": (HERE / "nets" / "googlenet_input.prototxt", 32),
-        "squeezenet": (HERE / "nets" / "squeezenet_input.prototxt", 32)}
+        "squeezenet": (HERE / "nets" / "squeezenet_input.prototxt", 32),
+        "resnet18": (HERE / "nets" / "resnet18_input.prototxt", 16)}
+# CPU mode's batch where it is smaller than NETS's (the GPU's); --batch overrides either.
+CPU_BATCH = {"googlenet": 16}
+# Issue 29's targets on the CPU, 1 thread on an AVX-512 machine, ours / PyTorch.
+CPU_TARGETS = {"lenet": 0.5, "cifar10_quick": 0.8, "resnet18": 0.9, "squeezenet": 0.9, "googlenet": 0.9}
 GPU_NETS = ("lenet", "cifar10_quick", "alexnet", "resnet50", "googlenet")
 # Issue 28's targets on one GPU, ours / PyTorch, IEEE float32 both.
 GPU_TARGETS = {"lenet": 0.6, "cifar10_quick": 0.8, "alexnet": 0.8, "resnet50": 1.0, "googlenet": 1.0}
@@ -86,9 +96,11 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _net_param(net_name):
+def _net_param(net_name, batch=None):
+    """The net's prototxt with its Input layers at `batch` (NETS's where None)."""
     from pycaffe_dist.io.load import read_net
-    path, batch = NETS[net_name]
+    path, default = NETS[net_name]
+    batch = batch or default
     param = read_net(str(path))
     for layer in param.layer:
         if layer.type == "Input":
@@ -134,34 +146,63 @@ def _random_inputs(net):
     label.data[...] = rng.integers(0, 10, label.shape)
 
 
-def run_ours(net_name, threads, iterations):
+def run_ours(net_name, threads, iterations, batch=None):
     from pycaffe_dist import common
     from pycaffe_dist.net.net import Net
     from pycaffe_dist.proto import caffe_pb2
     common.set_num_threads(threads)
-    gemm_sample, gemm_gflops = _gemm_sampler()
+    gemm_sample, gemm_gflops, ours_gflops = _gemm_sampler()
     gemm_sample()   # BLAS's own buffers, allocated at its first call, belong to the base too
-    del gemm_gflops[:]
+    del gemm_gflops[:], ours_gflops[:]
     base = _peak_rss_mb()
-    net = Net(_net_param(net_name), phase=caffe_pb2.TRAIN)
+    net = Net(_net_param(net_name, batch), phase=caffe_pb2.TRAIN)
     _random_inputs(net)
     times = _times_ms(net.forward_backward, iterations, between=gemm_sample)
-    return {"times_ms": times, "gemm_gflops": gemm_gflops, "flops": fwd_bwd_flops(net)}, base
+    return {"times_ms": times, "gemm_gflops": gemm_gflops, "ours_gflops": ours_gflops, "flops": fwd_bwd_flops(net),
+            "conv_paths": conv_paths(net), "path": simd_path()}, base
+
+
+def simd_path():
+    """The vector path of our float32 convolutions in this build: "AVX-512", "AVX2" or "BLAS"."""
+    from pycaffe_dist._kernels import conv_fused
+    from pycaffe_dist.backend import conv
+    if not conv.sgemm_enabled():
+        return "BLAS"
+    return {"avx512": "AVX-512", "avx2": "AVX2"}[conv_fused.simd()]
+
+
+def conv_paths(net):
+    """[(layer, input shape, kernels)] for the net's CPU convolutions: what each one's engine dispatches to."""
+    found = []
+    for layer_id, layer in enumerate(net.layers):
+        engine = getattr(layer, "engine", None)
+        if layer.type in ("Convolution", "Deconvolution") and engine is not None:
+            dtype = net.blob_list[net.bottom_ids[layer_id][0]].data.dtype
+            found.append((layer.name, "x".join(str(d) for d in engine.im_shape), engine.kernel_path(dtype)))
+    return found
 
 
 def _gemm_sampler():
     """A function that times one float32 CALIBRATION_N^3 GEMM through numpy's BLAS (one thread: see
-    common.set_num_threads) and adds its GFLOP/s to the list returned with it: how fast the machine runs now."""
+    common.set_num_threads) and one through our csrc/sgemm.h (one thread; where built), and adds their GFLOP/s to
+    the two lists returned with it: how fast the machine runs now. On an AVX-512 machine numpy's OpenBLAS may
+    still run an AVX2 kernel (Zen 5), and ours the AVX-512 one: the floor takes the faster."""
     import numpy as np
+    from pycaffe_dist.backend import blas, conv
     a = np.random.default_rng(0).standard_normal((CALIBRATION_N, CALIBRATION_N)).astype(np.float32)
     c = np.empty_like(a)
-    rates = []
+    rates, ours = [], []
+    gemm = blas.kernel("gemm").gemm if conv.sgemm_enabled() else None
 
     def sample():
         start = time.perf_counter()
         np.matmul(a, a, out=c)
         rates.append(2.0 * CALIBRATION_N ** 3 / (time.perf_counter() - start) / 1e9)
-    return sample, rates
+        if gemm is not None:
+            start = time.perf_counter()
+            gemm(False, False, 1.0, a, a, 0.0, c, 1)
+            ours.append(2.0 * CALIBRATION_N ** 3 / (time.perf_counter() - start) / 1e9)
+    return sample, rates, ours
 
 
 def fwd_bwd_flops(net):
@@ -216,7 +257,7 @@ def run_ours_gpu(net_name, iterations):
     return {"ms": ms, "flops": fwd_bwd_flops(net), "device": dev.name, "host_layers": _host_layers(net)}
 
 
-def torch_model(net_name):
+def torch_model(net_name, batch=None):
     """PyTorch's copy of the net (bench/torch_net.py: the same layers, shapes and loss weights), built from our Net
     in TRAIN phase, which is freed again before anything is timed."""
     import gc
@@ -224,7 +265,7 @@ def torch_model(net_name):
     from pycaffe_dist.proto import caffe_pb2
     sys.path.insert(0, str(HERE))
     import torch_net
-    net = Net(_net_param(net_name), phase=caffe_pb2.TRAIN)
+    net = Net(_net_param(net_name, batch), phase=caffe_pb2.TRAIN)
     model, torch = torch_net.build(net)
     del net
     gc.collect()
@@ -240,11 +281,11 @@ def _torch_inputs(param, torch):
     return {"data": torch.randn(shape, generator=gen), "label": torch.randint(0, 10, (shape[0],), generator=gen)}
 
 
-def run_torch(net_name, threads, iterations):
+def run_torch(net_name, threads, iterations, batch=None):
     base = _current_rss_mb()
-    model, torch = torch_model(net_name)
+    model, torch = torch_model(net_name, batch)
     torch.set_num_threads(threads)
-    inputs = _torch_inputs(_net_param(net_name), torch)
+    inputs = _torch_inputs(_net_param(net_name, batch), torch)
 
     def step():
         model.zero_grad(set_to_none=False)
@@ -327,20 +368,21 @@ def child(args):
         # context: the result is out, so leave without the interpreter's teardown.
         os._exit(0)
     runner = run_ours if args.child == "ours" else run_torch
-    result, base = runner(args.nets, args.threads_one, args.iterations)
+    result, base = runner(args.nets, args.threads_one, args.iterations, args.batch_one)
     peak = _peak_rss_mb()
     print(json.dumps(dict(result, peak_mb=peak, extra_mb=peak - base)))
 
 
-def _in_turns(net_name, threads, iterations, rounds, have_torch):
+def _in_turns(net_name, threads, iterations, rounds, have_torch, batch):
     """Ours and PyTorch at one setting, `rounds` processes each, taken in turns (ours first in even rounds): the
     medians of all their iterations, and the larger peak RSS of each."""
     runs = {"ours": [], "torch": []}
+    extra = ["--batch-one", str(batch)]
     for r in range(rounds):
         order = ("ours", "torch") if r % 2 == 0 else ("torch", "ours")
         for which in order:
             if which == "ours" or have_torch:
-                runs[which].append(measure(which, net_name, threads, iterations))
+                runs[which].append(measure(which, net_name, threads, iterations, extra))
 
     def pooled(results):
         if not results:
@@ -349,8 +391,9 @@ def _in_turns(net_name, threads, iterations, rounds, have_torch):
                    "peak_mb": max(res["peak_mb"] for res in results),
                    "extra_mb": max(res["extra_mb"] for res in results)}
         if "flops" in results[0]:   # ours: the net's FLOPs and the GEMM rate timed between its iterations
-            summary.update(flops=results[0]["flops"],
-                           gemm_gflops=_median([g for res in results for g in res["gemm_gflops"]]))
+            summary.update(flops=results[0]["flops"], conv_paths=results[0]["conv_paths"], path=results[0]["path"],
+                           gemm_gflops=_median([g for res in results for g in res["gemm_gflops"]]),
+                           ours_gflops=_median([g for res in results for g in res["ours_gflops"]] or [0.0]))
         return summary
     return pooled(runs["ours"]), pooled(runs["torch"])
 
@@ -390,6 +433,9 @@ def main():
     ap.add_argument("--child", choices=["ours", "torch", "gemm-ours", "gemm-torch"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--threads-one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", default="", help="CPU mode: NET=N[,NET=N...], the batch of those nets (default: "
+                                                "CPU_BATCH's, else NETS's)")
+    ap.add_argument("--batch-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         if args.gpu and args.threads_one is not None:
@@ -406,30 +452,49 @@ def main():
     have_torch = importlib.util.find_spec("torch") is not None
     if not have_torch:
         print("bench: PyTorch is not installed (pip install torch==2.13.0): its columns stay empty")
-    rows = []
-    header = ("net", "threads", "pycaffe-dist ms", "PyTorch ms", "ours/PyTorch", "Caffe ms (1 thr)",
-              "ours/Caffe", "GEMM GFLOP/s", "GEMM floor ms", "ours % of GEMM", "peak RSS ours MB",
+    batches = {name: CPU_BATCH.get(name, NETS[name][1]) for name in NETS}
+    for item in filter(None, args.batch.split(",")):
+        name, _, value = item.partition("=")
+        if name not in NETS or not value.isdigit():
+            ap.error("--batch wants NET=N with NET one of %s, got %r" % (", ".join(NETS), item))
+        batches[name] = int(value)
+    rows, paths = [], []
+    header = ("net", "batch", "threads", "path", "pycaffe-dist ms", "PyTorch ms", "ours/PyTorch", "target",
+              "Caffe ms (1 thr)",
+              "ours/Caffe", "BLAS GEMM GFLOP/s", "sgemm.h GFLOP/s", "GEMM floor ms", "ours % of GEMM", "peak RSS ours MB",
               "peak RSS torch MB", "+RSS ours", "+RSS torch")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for net_name in args.nets.split(","):
         for threads in [int(t) for t in args.threads.split(",")]:
-            ours, ref = _in_turns(net_name, threads, args.iterations, args.rounds, have_torch)
-            gemm_gflops = ours["gemm_gflops"]
-            caffe = CAFFE_MS.get(net_name) if threads == 1 else None
+            batch = batches[net_name]
+            ours, ref = _in_turns(net_name, threads, args.iterations, args.rounds, have_torch, batch)
+            gemm_gflops = max(ours["gemm_gflops"], ours["ours_gflops"])
+            caffe = CAFFE_MS.get(net_name) if threads == 1 and batch == NETS[net_name][1] else None
             floor_ms = ours["flops"] / (threads * gemm_gflops * 1e9) * 1e3
-            row = (net_name, threads, "%.1f" % ours["ms"], "%.1f" % ref["ms"] if ref else "-",
-                   "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-", "%.1f" % caffe if caffe else "-",
-                   "%.2f" % (ours["ms"] / caffe) if caffe else "-", "%.0f" % gemm_gflops, "%.1f" % floor_ms,
+            target = CPU_TARGETS.get(net_name) if threads == 1 else None
+            verdict = "-" if target is None or ref is None else "<= %.2f %s" % (
+                target, "met" if ours["ms"] / ref["ms"] <= target else "NOT MET")
+            row = (net_name, batch, threads, ours["path"], "%.1f" % ours["ms"], "%.1f" % ref["ms"] if ref else "-",
+                   "%.2f" % (ours["ms"] / ref["ms"]) if ref else "-", verdict, "%.1f" % caffe if caffe else "-",
+                   "%.2f" % (ours["ms"] / caffe) if caffe else "-", "%.0f" % ours["gemm_gflops"],
+                   "%.0f" % ours["ours_gflops"] if ours["ours_gflops"] else "-", "%.1f" % floor_ms,
                    "%.0f" % (100 * floor_ms / ours["ms"]), "%.0f" % ours["peak_mb"],
                    "%.0f" % ref["peak_mb"] if ref else "-", "%.0f" % ours["extra_mb"],
                    "%.0f" % ref["extra_mb"] if ref else "-")
             rows.append((net_name, threads, ours["ms"], ref["ms"] if ref else None, floor_ms))
             print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
-    print("\nGEMM GFLOP/s: a float32 %d^3 GEMM through numpy's BLAS on one thread, timed after each of our timed\n"
-          "iterations (the median; issue 3 puts these machines at about 104 GFLOP/s a core). GEMM floor: the net's\n"
-          "forward+backward FLOPs at that rate times the threads, what its products alone take; ours %% of GEMM =\n"
-          "floor / ours." % CALIBRATION_N)
+            if threads == int(args.threads.split(",")[0]):
+                paths.append((net_name, ours["conv_paths"]))
+    print("\nBLAS GEMM GFLOP/s: a float32 %d^3 GEMM through numpy's BLAS on one thread, timed after each of our\n"
+          "timed iterations (the median; issue 3 puts these machines at about 104 GFLOP/s a core); sgemm.h GFLOP/s:\n"
+          "the same through our csrc/sgemm.h (its AVX-512 kernel where built). GEMM floor: the net's forward+backward\n"
+          "FLOPs at the faster rate times the threads, what its products alone take; ours %% of GEMM = floor / ours."
+          % CALIBRATION_N)
+    for net_name, convs in paths:
+        print("\n%s: the kernels of each convolution (layer, input C x H x W: path)" % net_name)
+        for name, shape, path in convs:
+            print("  %s %s: %s" % (name, shape, path))
     if args.plot:
         plot(rows, args.plot)
 

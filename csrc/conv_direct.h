@@ -16,9 +16,11 @@
    r * im_row + tap[t] + x], 8 output columns at a time, in blocks of 4 outputs x 3 vectors (see
    pcd_forward_direct for how the vectors are grouped).
 
-   Only built with AVX2 and FMA (PCD_SGEMM, see sgemm.h). */
+   On the AVX-512 path (pcd_simd, sgemm.h) maps with rows of 16 outputs or more take conv_direct_avx512.h's
+   16-float sums instead. Only built with AVX2 and FMA (PCD_SGEMM, see sgemm.h). */
 #ifndef PCD_CONV_DIRECT_H
 #define PCD_CONV_DIRECT_H
+#include <stdlib.h>
 #include "sgemm.h"
 
 #if PCD_SGEMM
@@ -124,7 +126,7 @@ static __attribute__((noinline)) void pcd_dw_edge(int mb, int tb, const pcd_dw_s
 }
 
 /* dw[m * dw_row + t] += the sums above for weight rows [0, m_count) and columns [t_lo, t_hi). */
-static void pcd_dw_direct(const pcd_dw_sums* s, int m_count, int t_lo, int t_hi, float* dw, ptrdiff_t dw_row) {
+static void pcd_dw_direct8(const pcd_dw_sums* s, int m_count, int t_lo, int t_hi, float* dw, ptrdiff_t dw_row) {
     for (int m0 = 0; m0 < m_count; m0 += 4)
         for (int t0 = t_lo; t0 < t_hi; t0 += 3) {
             int mb = m_count - m0 < 4 ? m_count - m0 : 4, tb = t_hi - t0 < 3 ? t_hi - t0 : 3;
@@ -217,7 +219,7 @@ static inline void pcd_forward_vectors(const pcd_forward_sums* s, const float* c
 /* Every output of images [0, images): y overwritten. Rows of whole vectors (cols % 8 == 0) are taken 3 vectors
    at a time across row ends (CIFAR's 32 columns: no block of 1 vector, which would load as much as it
    multiplies); other rows 3 vectors at a time within the row, the last one partial. */
-static void pcd_forward_direct(const pcd_forward_sums* s, int images) {
+static void pcd_forward_direct8(const pcd_forward_sums* s, int images) {
     const float* src[3];
     for (int n = 0; n < images; n++) {
         const float* im = s->im + n * s->im_image;
@@ -245,6 +247,27 @@ static void pcd_forward_direct(const pcd_forward_sums* s, int images) {
                 }
         }
     }
+}
+
+#if PCD_SGEMM_AVX512
+#include "conv_direct_avx512.h"
+#endif
+
+/* dw[m * dw_row + t] += the sums above for weight rows [0, m_count) and columns [t_lo, t_hi). */
+static void pcd_dw_direct(const pcd_dw_sums* s, int m_count, int t_lo, int t_hi, float* dw, ptrdiff_t dw_row) {
+#if PCD_SGEMM_AVX512
+    if (pcd_simd == PCD_SIMD_AVX512 && s->cols >= 16 && pcd_dw_direct16(s, m_count, t_lo, t_hi, dw, dw_row))
+        return;
+#endif
+    pcd_dw_direct8(s, m_count, t_lo, t_hi, dw, dw_row);
+}
+
+/* Every output of images [0, images): y overwritten. */
+static void pcd_forward_direct(const pcd_forward_sums* s, int images) {
+#if PCD_SGEMM_AVX512
+    if (pcd_simd == PCD_SIMD_AVX512 && s->cols >= 16 && pcd_forward_direct16(s, images)) return;
+#endif
+    pcd_forward_direct8(s, images);
 }
 
 #else

@@ -22,23 +22,7 @@ include "im2col_geometry.pxi"
 include "conv_pass.pxi"
 
 
-cdef extern from "sgemm.h" nogil:
-    ctypedef struct pcd_operand:
-        const float* base
-        const ptrdiff_t* row
-        const ptrdiff_t* col
-    ctypedef struct pcd_result:
-        float* base
-        const ptrdiff_t* row
-        const ptrdiff_t* col
-        const float* row_bias
-        int accumulate
-    enum: PCD_SGEMM, PCD_NR
-    size_t PCD_SGEMM_PACK_FLOATS
-    void pcd_sgemm(int m, int n, int k, pcd_operand a, const float* a_packed, pcd_operand b, pcd_result c,
-                   float* pack)
-    size_t pcd_packed_a_floats(int m, int k)
-    void pcd_pack_a_all(int m, int k, pcd_operand a, float* dst)
+include "sgemm.pxi"
 
 
 cdef extern from "conv_direct.h" nogil:
@@ -69,25 +53,6 @@ cdef extern from "thread_buffer.h" nogil:
 def fused_available():
     """Whether this build has sgemm.h's AVX2/FMA GEMM (else float32 convolutions take conv_im2col's BLAS path)."""
     return bool(PCD_SGEMM)
-
-
-cdef inline pcd_operand _operand(const float* base, const ptrdiff_t* row, const ptrdiff_t* col) noexcept nogil:
-    cdef pcd_operand o
-    o.base = base
-    o.row = row
-    o.col = col
-    return o
-
-
-cdef inline pcd_result _result(float* base, const ptrdiff_t* row, const ptrdiff_t* col, const float* bias,
-                               int accumulate) noexcept nogil:
-    cdef pcd_result r
-    r.base = base
-    r.row = row
-    r.col = col
-    r.row_bias = bias
-    r.accumulate = accumulate
-    return r
 
 
 cdef struct Fused:
@@ -200,12 +165,58 @@ cdef bint _direct_dx_pays(Fused* f, int* c_im, int* c_col, int* k, int* p, int* 
 
 
 cdef int DIRECT_MAX_COLUMNS = 100
+cdef int DIRECT16_FEW_COLUMNS = 32
+cdef Py_ssize_t DIRECT16_MAX_IMAGE = 32768
 cdef bint _few_columns(Fused* f, int* s):
     # conv_direct.h for layers with few weight columns per group (LeNet's conv1: 25, CIFAR-10 quick's: 75), where
     # a GEMM would use each packed value only a few dozen times; its weight gradient ran 0.5x (LeNet conv1) and
     # 0.8x (CIFAR conv1) the GEMM's time, and 1.6x on LeNet's conv2 (500 columns). Its vector loads need output
     # columns that are consecutive image columns (stride 1 along the width) and rows of 8 or more.
+    # On the AVX-512 path the GEMM runs twice as fast, the direct sums less so: there they take rows of 16 or more
+    # only (conv_direct_avx512.h; SqueezeNet's 13 x 13 expand1x1 ran 2.3x and 1.7x the GEMM's time on the AVX2
+    # sums).
+    if pcd_simd == PCD_SIMD_AVX512 and f.out_w < 16:
+        return False
     return s[1] == 1 and f.kg <= DIRECT_MAX_COLUMNS and f.out_w >= 8
+
+
+cdef bint _direct_forward(Fused* f, int* s):
+    # The forward's direct sums read the whole image once per block of outputs (8 on the AVX-512 path): there,
+    # beyond 32 columns, only where an image stays in L2 (CIFAR-10 quick's conv1, 3 x 36 x 36; not GoogLeNet's
+    # conv2/3x3_reduce, 64 x 56 x 56, which the GEMM ran in 0.8x the time).
+    if not _few_columns(f, s):
+        return False
+    return pcd_simd != PCD_SIMD_AVX512 or f.kg <= DIRECT16_FEW_COLUMNS or f.im_image <= DIRECT16_MAX_IMAGE
+
+
+def plan(im_shape, kernel, pad, stride, dilation, int group, int out_channels):
+    """How run() computes a float32 2-D geometry's passes, as _run_fused decides (for the bench's tables):
+    {"forward": "gemm" or "direct" (conv_direct.h), "dW": the same, "dX": "correlation" (the flipped kernel's
+    GEMM), "fold8" (the GEMM's columns summed by fold8.h) or "col2im" (summed row by row)}. With one chunk split
+    over threads, a "direct" forward whose thread blocks do not end at an image's end takes the GEMM."""
+    cdef int c_im[MAX_AXES]
+    cdef int c_col[MAX_AXES]
+    cdef int k[MAX_AXES]
+    cdef int p[MAX_AXES]
+    cdef int s[MAX_AXES]
+    cdef int dl[MAX_AXES]
+    if _geometry(tuple(im_shape), tuple(kernel), tuple(pad), tuple(stride), tuple(dilation), c_im, c_col, k, p, s,
+                 dl) != 2:
+        raise ValueError("conv_fused.plan: 2-D images only (C, H, W), got image shape %r" % (tuple(im_shape),))
+    cdef Fused f
+    f.mg, f.kg, f.group, f.out_channels = out_channels // group, c_col[0] // group, group, out_channels
+    f.positions, f.cg, f.taps = c_col[1] * c_col[2], c_im[0] // group, k[0] * k[1]
+    f.out_h, f.out_w = c_col[1], c_col[2]
+    f.im_image = <Py_ssize_t>c_im[0] * (c_im[1] + 2 * p[0]) * (c_im[2] + 2 * p[1])
+    forward = "direct" if _direct_forward(&f, s) else "gemm"
+    dw = "direct" if _few_columns(&f, s) else "gemm"
+    if _direct_dx_pays(&f, c_im, c_col, k, p, s, dl):
+        dx = "correlation"
+    elif pcd_fold8_fits(c_col[2], s[1], c_im[2] + 2 * p[1]):
+        dx = "fold8"
+    else:
+        dx = "col2im"
+    return {"forward": forward, "dW": dw, "dX": dx}
 
 
 _TABLES = {}
@@ -282,7 +293,7 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     f.cg, f.taps = channels // group, k[0] * k[1]
     f.out_h, f.out_w = c_col[1], c_col[2]
     f.im_image, f.im_step = padded_count if has_pad else im_count, <Py_ssize_t>s[0] * padded_w
-    f.fwd_direct = want_out and _few_columns(&f, s)
+    f.fwd_direct = want_out and _direct_forward(&f, s)
     f.dw_direct = want_dw and _few_columns(&f, s)
     # the tables (np.intp is ptrdiff_t here), built once per geometry and chunk
     cdef bint direct_dx = want_im and _direct_dx_pays(&f, c_im, c_col, k, p, s, dl)
@@ -396,10 +407,10 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
     cdef Py_ssize_t cols = num * positions
     try:
         for t in prange(threads, nogil=True, schedule="static", num_threads=threads):
-            lo = (cols * t // threads) // PCD_NR * PCD_NR
-            hi = cols if t == threads - 1 else (cols * (t + 1) // threads) // PCD_NR * PCD_NR
-            r_lo = (f.kg * t // threads) // PCD_NR * PCD_NR
-            r_hi = f.kg if t == threads - 1 else (f.kg * (t + 1) // threads) // PCD_NR * PCD_NR
+            lo = (cols * t // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
+            hi = cols if t == threads - 1 else (cols * (t + 1) // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
+            r_lo = (f.kg * t // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
+            r_hi = f.kg if t == threads - 1 else (f.kg * (t + 1) // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN
             if dwp != NULL:
                 _fused_columns(&f, im, y, &w[0], NULL, NULL, dwp, NULL, 0, 0, cols, r_lo, r_hi,
                                pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
@@ -407,8 +418,8 @@ cdef _run_fused(const float[::1] im_in, const float[::1] y_in, const float[::1] 
                 _fused_columns(&f, im, y, &w[0], b, o, NULL, col if want_im and not direct_dx else NULL, 0, lo,
                                hi, 0, 0, pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
             if direct_dx:
-                _dx_direct(&f, dyp, &im_out[0], (in_cols * t // threads) // PCD_NR * PCD_NR,
-                           in_cols if t == threads - 1 else (in_cols * (t + 1) // threads) // PCD_NR * PCD_NR,
+                _dx_direct(&f, dyp, &im_out[0], (in_cols * t // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN,
+                           in_cols if t == threads - 1 else (in_cols * (t + 1) // threads) // PCD_NR_ALIGN * PCD_NR_ALIGN,
                            pcd_thread_buffer(0, PCD_SGEMM_PACK_FLOATS))
     finally:
         free(padded_im)

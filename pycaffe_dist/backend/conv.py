@@ -21,6 +21,11 @@ from .._kernels import conv_fused as _fused
 from .._kernels import im2col as _k
 
 COL_CHUNK_BYTES = 512 << 10   # column buffer per chunk: about L2-sized, so the GEMM reads what im2col wrote from L2
+# The fused path (conv_fused) unrolls no columns for the forward and dW, so its chunk need not fit L2: chunks of at
+# least this many output positions, where the batch allows. A chunk is one GEMM's columns (forward) or depth (dW):
+# at one image of ResNet-18's 7 x 7 maps (49 columns) its forward streamed all 9 MB of packed weights, and its dW
+# read and wrote all 9 MB of the weight gradient, for each image; 16 images do that once.
+FUSED_CHUNK_POSITIONS = 1024
 # float32 2-D convolutions multiply straight from the images (csrc/conv_fused.pyx, csrc/sgemm.h) where the build has
 # AVX2 and FMA; False sends them through BLAS and unrolled columns too (the tests compare the two). None: decided
 # at the first convolution, by what the build has.
@@ -64,15 +69,18 @@ class ConvEngine:
         if self.rows2d:
             self.padded_count = self.im_shape[0] * math.prod(d + 2 * p for d, p in zip(spatial, pad))
 
-    def _chunk(self, num, itemsize, threads):
+    def _chunk(self, num, itemsize, threads, fused=False):
         per_image = max(1, self.rows * self.positions * itemsize)
         by_cache = max(1, COL_CHUNK_BYTES // per_image)
+        if fused:
+            by_cache = max(by_cache, -(-FUSED_CHUNK_POSITIONS // max(1, self.positions)))
         return max(1, min(by_cache, -(-num // threads)))              # every thread gets a chunk if it can
 
     def _run(self, w, num, im_in=None, y_in=None, bias=None, out=None, im_out=None, dw=None):
         dtype = w.dtype
         threads = max(1, common.num_threads())
-        chunk = self._chunk(num, dtype.itemsize, threads)
+        fused = dtype == np.float32 and self.rows2d and sgemm_enabled()
+        chunk = self._chunk(num, dtype.itemsize, threads, fused)
         # Per thread: columns, output-side buffer, then a padded image.
         size = threads * ((self.rows + self.out_channels) * chunk * self.positions + self.padded_count)
         scratch = self._scratch.get(dtype)
@@ -87,12 +95,23 @@ class ConvEngine:
         # Several chunks: our threads take them, each with a one-thread BLAS. One chunk: they split its GEMMs.
         arrays = (_flat(im_in, dtype), _flat(y_in, dtype), _flat(w, dtype), _flat(bias, dtype), _flat(out, dtype, True),
                   _flat(im_out, dtype, True), partials, scratch, num) + self.geometry
-        if dtype == np.float32 and self.rows2d and sgemm_enabled():
+        if fused:
             _fused.run(*arrays, self.group, self.out_channels, chunk, threads)
         else:
             blas.kernel("conv_im2col").run(*arrays, self.force_nd, self.group, self.out_channels, chunk, threads)
         if dw is not None and not direct:
             dw += partials.reshape((threads,) + dw.shape).sum(axis=0)
+
+    def kernel_path(self, dtype=np.float32):
+        """Which kernels this geometry's passes take, in words (bench/nets.py prints it per convolution): the
+        fused path's GEMM ("AVX-512" or "AVX2" micro-kernel, see conv_fused.set_simd) with, per pass, the GEMM or
+        conv_direct.h's direct sums, and the input diff's correlation, fold8.h or row-by-row col2im; or the
+        BLAS path (unrolled columns, im2col)."""
+        if np.dtype(dtype) == np.float32 and self.rows2d and sgemm_enabled():
+            plan = _fused.plan(*self.geometry, self.group, self.out_channels)
+            return "%s fwd %s, dW %s, dX %s" % ({"avx512": "AVX-512", "avx2": "AVX2"}[_fused.simd()],
+                                                 plan["forward"], plan["dW"], plan["dX"])
+        return "BLAS im2col%s" % (" (N-d)" if self.force_nd else "")
 
     def image_to_output(self, w, ims, out=None, bias=None, dw=None, y=None):
         """col = im2col(ims); out = W col (+ bias), and/or dW += y col^T.

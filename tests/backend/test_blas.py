@@ -1,10 +1,24 @@
 """The GEMM that our threads split (csrc/gemm.pyx through backend/blas.gemm): every transpose, split by rows
-and by columns, accumulation, float32 and float64, against numpy; reruns give the same bits."""
+and by columns, accumulation, float32 and float64, against numpy; reruns give the same bits. float32 with alpha 1
+(and beta 0 or 1) takes sgemm.h's GEMM where the build has it, on each vector path it holds (backend/simd.py)."""
 import numpy as np
 import pytest
 
 from pycaffe_dist import common
-from pycaffe_dist.backend import blas
+from pycaffe_dist.backend import blas, simd
+
+PATHS = simd.paths() or (None,)
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    """Each vector path of sgemm.h this build holds."""
+    if request.param is None:
+        yield None
+        return
+    before = simd.use(request.param)
+    yield request.param
+    simd.use(before)
 
 
 @pytest.fixture
@@ -24,7 +38,7 @@ def _operands(rng, m, n, k, trans_a, trans_b, dtype):
 @pytest.mark.parametrize("m, n, k", [(517, 40, 300), (30, 801, 64), (3, 5, 7), (200, 150, 1)])
 @pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matches_numpy(threads, m, n, k, trans_a, trans_b, dtype):
+def test_matches_numpy(path, threads, m, n, k, trans_a, trans_b, dtype):
     rng = np.random.default_rng(m * n + k)
     a, b, product = _operands(rng, m, n, k, trans_a, trans_b, dtype)
     c0 = rng.standard_normal((m, n)).astype(dtype)
@@ -52,6 +66,28 @@ def test_same_threads_same_bits(threads):
             blas.gemm(False, True, 1.0, a, b, 0.0, c)
         np.testing.assert_array_equal(runs[0], runs[1])
         np.testing.assert_allclose(runs[0], product, rtol=1e-4, atol=1e-4 * np.abs(product).max())
+
+
+@pytest.mark.skipif(PATHS[0] is None, reason="this build has no sgemm.h")
+def test_sgemm_same_bits_on_any_threads_and_path(threads):
+    # sgemm.h sums each element of C in one order (KC blocks of k, in turn), whichever thread, tile or vector
+    # path computes it: InnerProduct's results do not depend on the thread count or the machine's vector width
+    rng = np.random.default_rng(9)
+    for trans_a, trans_b in ((False, True), (True, False), (False, False)):
+        a, b, product = _operands(rng, 70, 530, 300, trans_a, trans_b, np.float32)
+        c0 = rng.standard_normal((70, 530)).astype(np.float32)
+        runs = []
+        for name in simd.paths():
+            before = simd.use(name)
+            for count in (1, 2, 3):
+                threads(count)
+                c = c0.copy()
+                blas.gemm(trans_a, trans_b, 1.0, a, b, 1.0, c)
+                runs.append(c)
+            simd.use(before)
+        for c in runs[1:]:
+            np.testing.assert_array_equal(c, runs[0])
+        np.testing.assert_allclose(runs[0], c0 + product, rtol=1e-5, atol=1e-5 * (np.abs(product).max() + 1))
 
 
 def test_empty_sum_and_bad_shapes():
@@ -82,9 +118,9 @@ def test_scipy_fallback_matches_numpy(threads, scipy_blas_in_use, dtype):
     a, b, product = _operands(rng, 70, 33, 45, True, False, dtype)
     threads(2)
     c = np.empty((70, 33), dtype)
-    blas.gemm(True, False, 1.0, a, b, 0.0, c)
+    blas.gemm(True, False, 0.5, a, b, 0.0, c)    # (alpha 1 in float32 would take sgemm.h, not BLAS)
     rtol = 1e-5 if dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(c, product, rtol=rtol, atol=rtol * np.abs(product).max())
+    np.testing.assert_allclose(c, 0.5 * product, rtol=rtol, atol=rtol * np.abs(product).max())
 
 
 def test_loading_a_kernel_leaves_scipy_alone():

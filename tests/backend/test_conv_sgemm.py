@@ -3,14 +3,17 @@ against the float64 BLAS path with unrolled columns (csrc/conv_im2col.pyx): forw
 (accumulated), input gradient; over groups, stride, pad, dilation, rectangular kernels, maps whose size is no multiple
 of the 16-column tiles, several chunks and one chunk split over threads, the input diff by col2im or (same-size maps)
 by correlation, the weight gradient by the GEMM or (few weight columns: conv_direct.h) by direct sums, whole vectors
-and masked row tails."""
+and masked row tails; on every vector path the build holds (sgemm.h: AVX2, and AVX-512 where the build machine has
+it), which must give the same results, bit for bit."""
 import numpy as np
 import pytest
 
 from pycaffe_dist import common
-from pycaffe_dist.backend import conv
+from pycaffe_dist._kernels import conv_fused as _fused
+from pycaffe_dist.backend import conv, simd
 
 pytestmark = pytest.mark.skipif(not conv.sgemm_enabled(), reason="this build has no AVX2/FMA GEMM (sgemm.h)")
+PATHS = _fused.simd_paths() if conv.sgemm_enabled() else ("avx2",)
 
 # (channels, height, width), kernel, pad, stride, dilation, group, out_channels
 GEOMETRIES = [
@@ -23,7 +26,25 @@ GEOMETRIES = [
     ((32, 16, 16), (5, 5), (2, 2), (1, 1), (1, 1), 1, 32),       # CIFAR-10 quick conv2
     ((24, 10, 9), (5, 3), (2, 1), (1, 1), (1, 1), 2, 6),         # rectangular, odd widths, groups
     ((2, 5, 4), (3, 3), (0, 0), (1, 1), (1, 1), 1, 3),           # rows of 4: shorter than one vector
+    # 16-column halves of C (AVX-512) that hold two runs: 784 positions, rows of 28; a 7 x 7 map's three runs
+    ((16, 28, 28), (3, 3), (1, 1), (1, 1), (1, 1), 1, 20),
+    ((6, 14, 14), (3, 3), (1, 1), (2, 2), (1, 1), 1, 10),
+    # direct sums (conv_direct.h) on rows of 16 or more (AVX-512: spans of 16 across row ends): CIFAR-10 quick's
+    # conv1, and odd rows of 19 with 9 outputs (an 8-output block and one more)
+    ((3, 32, 32), (5, 5), (2, 2), (1, 1), (1, 1), 1, 32),
+    ((2, 19, 21), (3, 3), (1, 0), (1, 1), (1, 1), 1, 9),
 ]
+
+
+@pytest.fixture(autouse=True, params=PATHS)
+def path(request):
+    """Every test on each vector path this build holds."""
+    if not conv.sgemm_enabled():
+        yield None
+        return
+    before = simd.use(request.param)
+    yield request.param
+    simd.use(before)
 
 
 @pytest.fixture
@@ -70,9 +91,12 @@ def test_matches_the_blas_path(threads, num, im_shape, kernel, pad, stride, dila
 
 
 # Row counts of the GEMMs' A (output channels: forward and weight gradient; input channels: the input diff by
-# correlation) that cut into tiles differently (sgemm.h's pcd_sliver_plan): 6s only, a remainder of 1 to 5 rows
-# (4- and 5-row tiles borrowing from full ones, or too few rows to borrow), and more rows than one MC block (144).
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 14, 15, 16, 19, 146, 151])
+# correlation) that cut into tiles differently (sgemm_blocked.h's sliver plans): for AVX2's 6-row tiles 6s only, a
+# remainder of 1 to 5 rows (4- and 5-row tiles borrowing from full ones, or too few rows to borrow), and more rows
+# than one MC block (144); for AVX-512's 14-row tiles every height from 1 to 14, evenly cut slivers (15, 27, 29,
+# 50) and more rows than one MC block (168).
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 19, 27, 28, 29, 50, 146,
+                                  151, 170])
 def test_every_row_count_tiles_correctly(threads, rows):
     threads(1)
     im_shape, kernel, pad = (rows, 4, 9), (3, 3), (1, 1)   # "same": the input diff's GEMM has `rows` rows too
@@ -107,6 +131,46 @@ def test_input_diff_writes_nothing_past_the_images(threads, im_shape, kernel, pa
         buffer = np.full(count + 64, 7.0, np.float32)
         engine.output_to_image(w, y, ims_out=buffer[:count].reshape((num,) + im_shape))
         assert (buffer[count:] == 7.0).all()
+
+
+@pytest.mark.parametrize("im_shape, kernel, pad, stride, dilation, group, out_channels", GEOMETRIES)
+def test_every_path_gives_the_same_bits(path, threads, im_shape, kernel, pad, stride, dilation, group,
+                                       out_channels):
+    # the AVX-512 kernels sum each element in the AVX2 kernels' order (sgemm_avx512.h, conv_direct_avx512.h): a
+    # build's paths agree where they take the same kernels, but for the direct weight gradient, whose lanes are
+    # summed 16 rather than 8 at a time
+    if path != PATHS[-1] or len(PATHS) < 2:
+        pytest.skip("one comparison per geometry, where the build holds two paths")
+    threads(1)   # (threads take chunks as they come, and their dW partials add up in that order)
+    engine = conv.ConvEngine(im_shape, kernel, pad, stride, dilation, group, out_channels)
+    rng = np.random.default_rng(7)
+    num = 5
+    x = rng.standard_normal((num,) + im_shape).astype(np.float32)
+    w = rng.standard_normal((out_channels, im_shape[0] // group) + kernel).astype(np.float32)
+    b = rng.standard_normal(out_channels).astype(np.float32)
+    y = rng.standard_normal((num, out_channels) + engine.out_spatial).astype(np.float32)
+    results, plans = [], []
+    for name in PATHS:
+        simd.use(name)
+        plans.append(_fused.plan(im_shape, kernel, pad, stride, dilation, group, out_channels))
+        out = np.empty(y.shape, np.float32)
+        engine.image_to_output(w, x, out=out, bias=b)
+        dw = np.ones(w.shape, np.float32)
+        dx = np.empty(x.shape, np.float32)
+        engine.output_to_image(w, y, ims_out=dx, dw=dw, ims_in=x)
+        results.append((out, dw, dx))
+    # a pass that takes other kernels on the two paths (the direct sums on rows of fewer than 16 outputs: AVX2
+    # only), or the direct weight gradient, agrees to rounding
+    for name, got, want in zip(("forward", "dW", "dX"), results[0], results[1]):
+        if plans[0][name] != plans[1][name] or plans[0][name] == "direct" and name == "dW":
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * (np.abs(want).max() + 1))
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+def test_set_simd_refuses_a_path_not_built():
+    with pytest.raises(ValueError, match="not built here"):
+        _fused.set_simd("sse2")
 
 
 def test_the_engines_check_their_arguments():
