@@ -7,8 +7,8 @@ The kernels are compiled for the building machine's CPU (-march=native: AVX2/AVX
 package is built where it runs. PYCAFFE_DIST_MARCH sets another target, e.g. x86-64-v2 for a wheel that other
 machines install. PCD_SIMD=avx2 builds without AVX-512 (-mno-avx512f) on a machine that has it: the kernels then
 take their AVX2 paths only, as on an AVX2 machine (to measure or test those; a build with AVX-512 holds the AVX2
-GEMM too, and conv_fused.set_simd switches between them at run time). -ffp-contract=off keeps a * b + c two roundings, as Caffe's x86-64 build computes it, so
-that FMA does not move results away from Caffe's.
+GEMM too, and conv_fused.set_simd switches between them at run time). -ffp-contract=off keeps a * b + c two
+roundings, as Caffe's x86-64 build computes it, so that FMA does not move results away from Caffe's.
 
 The CUDA kernels (csrc/cuda/*.cu) are built after the extensions by pycaffe_dist/backend/kernel_source.py: always
 for the host (the emulated device of the tests), and with nvcc into fatbins where nvcc is found (set
