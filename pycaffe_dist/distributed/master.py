@@ -29,7 +29,7 @@ from google.protobuf import text_format
 from scipy.linalg.blas import saxpy
 
 from .. import common
-from ..errors import DivergedError, PycaffeDistError, StoreError
+from ..errors import DivergedError, StoreError
 from ..io.load import read_solver
 from ..proto import caffe_pb2
 from ..solver.solver import Solver
@@ -39,6 +39,7 @@ from . import job as jobs
 from .modes import MODES, resolve_options
 from . import results
 from .results import ResultReader
+from .settings import JsonSettings
 from .store import Store
 from .tester import Tester
 
@@ -63,9 +64,10 @@ class Member:
 
 
 @dataclasses.dataclass
-class Settings:
+class Settings(JsonSettings):
     """What a master is told: by `dist_caffe master`'s flags, or as JSON by the one-machine launcher. `options`
     are the mode's, by name (None or absent: the mode's default; modes.resolve_options checks them)."""
+    SOURCE = "master settings"
     redis: str = "redis://127.0.0.1:6379"
     solver: str = None
     workers: int = 1
@@ -83,20 +85,6 @@ class Settings:
     stats_path: str = None
     retry_s: float = 30.0
     log: str = None
-
-    def to_json(self):
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text, source="master settings"):
-        try:
-            values = json.loads(text)
-        except ValueError as exc:
-            raise PycaffeDistError("%s: not JSON: %s" % (source, exc)) from None
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(values, dict) or set(values) - names:
-            raise PycaffeDistError("%s: expected a JSON object of %s" % (source, ", ".join(sorted(names))))
-        return cls(**values)
 
 
 class Master:

@@ -27,6 +27,7 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import pipeline as stages
+from .settings import JsonSettings
 from .store import Store
 from .tester import Tester
 
@@ -35,8 +36,9 @@ POLL_S = 0.2
 
 
 @dataclasses.dataclass
-class Settings:
+class Settings(JsonSettings):
     """What a pipeline's master is told (as JSON by the one-machine launcher)."""
+    SOURCE = "pipeline settings"
     redis: str = "redis://127.0.0.1:6379"
     solver: str = None
     stages: int = 2
@@ -52,20 +54,6 @@ class Settings:
     stats_path: str = None
     retry_s: float = 30.0
     log: str = None
-
-    def to_json(self):
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text, source="pipeline settings"):
-        try:
-            values = json.loads(text)
-        except ValueError as exc:
-            raise PycaffeDistError("%s: not JSON: %s" % (source, exc)) from None
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(values, dict) or set(values) - names:
-            raise PycaffeDistError("%s: expected a JSON object of %s" % (source, ", ".join(sorted(names))))
-        return cls(**values)
 
 
 def micro_batches_for(sizes, stages, asked=None):

@@ -50,6 +50,7 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import sandblaster as workers
+from .settings import JsonSettings
 from .store import Store
 from .tester import Tester
 
@@ -59,8 +60,9 @@ MEMORY, SAMPLE_BATCHES, UNIT_BATCHES = 10, 32, 1
 
 
 @dataclasses.dataclass
-class Settings:
+class Settings(JsonSettings):
     """What the coordinator is told (as JSON by the one-machine launcher)."""
+    SOURCE = "sandblaster settings"
     redis: str = "redis://127.0.0.1:6379"
     solver: str = None
     workers: int = 1
@@ -78,20 +80,6 @@ class Settings:
     stats_path: str = None
     retry_s: float = 30.0
     log: str = None
-
-    def to_json(self):
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text, source="sandblaster settings"):
-        try:
-            values = json.loads(text)
-        except ValueError as exc:
-            raise PycaffeDistError("%s: not JSON: %s" % (source, exc)) from None
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(values, dict) or set(values) - names:
-            raise PycaffeDistError("%s: expected a JSON object of %s" % (source, ", ".join(sorted(names))))
-        return cls(**values)
 
     def check(self):
         """One line for a setting out of range, before anything starts."""
