@@ -3,6 +3,7 @@
 and shapes. JSON, never pickle."""
 import os
 import secrets
+import time
 
 from google.protobuf import text_format
 
@@ -78,3 +79,21 @@ def check_spec(spec, where):
         if field not in spec:
             raise StoreError("%s: the job spec has no %r" % (where, field))
     return spec
+
+
+def wait_for_spec(store, job, wait_s, kind, what):
+    """The job's spec once its master has published it (waiting up to wait_s), checked. Its "kind" (absent for the
+    data-parallel modes, "pipeline", "sandblaster") must be `kind`: a worker of another kind is refused in one line
+    (`what` names the kind expected)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        spec = store.job_spec()
+        if spec is not None:
+            spec = check_spec(spec, "job %s" % job)
+            if spec.get("kind") != kind:
+                raise StoreError("job %s is not %s: it is of mode %s, whose workers this command does not run"
+                                 % (job, what, spec.get("mode")))
+            return spec
+        if time.monotonic() > deadline:
+            raise StoreError("job %s has not been published on %s within %.0f s" % (job, store.urls[0], wait_s))
+        time.sleep(0.2)

@@ -92,7 +92,7 @@ class Stage:
     def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0):
         self.job = jobs.find_job(urls, job)
         self.store = Store(urls, self.job, retry_s)
-        self.spec = self._wait_for_spec(wait_for_job_s)
+        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, SPEC_KIND, "a pipeline")
         self.index, self.stages = int(stage), len(self.spec["stages"])
         if not 0 <= self.index < self.stages:
             raise PycaffeDistError("job %s has stages 0 to %d, not %d" % (self.job, self.stages - 1, self.index))
@@ -105,21 +105,6 @@ class Stage:
         self.pending = None                 # a notice taken from the queue, not yet handled
         self.waited_s = 0.0                 # this iteration's time waiting on the stages beside
         self.stats = {"iterations": 0, "compute_s": 0.0, "wait_s": 0.0}
-
-    def _wait_for_spec(self, wait_s):
-        deadline = time.monotonic() + wait_s
-        while True:
-            spec = self.store.job_spec()
-            if spec is not None:
-                spec = jobs.check_spec(spec, "job %s" % self.job)
-                if spec.get("kind") != SPEC_KIND:
-                    raise StoreError("job %s is not a pipeline (mode %s): start `dist_caffe worker` for it"
-                                     % (self.job, spec.get("mode")))
-                return spec
-            if time.monotonic() > deadline:
-                raise StoreError("job %s has not been published on %s within %.0f s"
-                                 % (self.job, self.store.urls[0], wait_s))
-            time.sleep(0.2)
 
     # --- setup -------------------------------------------------------------------------------------------------
 

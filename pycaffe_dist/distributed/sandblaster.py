@@ -84,7 +84,7 @@ class SandblasterWorker:
                  worker_id=None, delay_s=0.0):
         self.job = jobs.find_job(urls, job)
         self.store = Store(urls, self.job, retry_s)
-        self.spec = self._wait_for_spec(wait_for_job_s)
+        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, SPEC_KIND, "a Sandblaster job")
         self.threads, self.delay_s = threads, delay_s      # delay: seconds after every unit, a straggler on purpose
         self.heartbeat_s = float(self.spec["heartbeat_s"])
         self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
@@ -92,21 +92,6 @@ class SandblasterWorker:
         self.stopping, self.error = threading.Event(), None
         self.unacked = False
         self.stats = {"units": 0, "batches": 0, "pushes": 0, "compute_s": 0.0}
-
-    def _wait_for_spec(self, wait_s):
-        deadline = time.monotonic() + wait_s
-        while True:
-            spec = self.store.job_spec()
-            if spec is not None:
-                spec = jobs.check_spec(spec, "job %s" % self.job)
-                if spec.get("kind") != SPEC_KIND:
-                    raise StoreError("job %s is not a Sandblaster job (mode %s): start `dist_caffe worker` for it"
-                                     % (self.job, spec.get("mode")))
-                return spec
-            if time.monotonic() > deadline:
-                raise StoreError("job %s has not been published on %s within %.0f s"
-                                 % (self.job, self.store.urls[0], wait_s))
-            time.sleep(0.2)
 
     # --- setup -------------------------------------------------------------------------------------------------
 

@@ -95,7 +95,7 @@ class Worker:
         self.store = Store(urls, self.job, retry_s)
         self.threads = threads
         self.delay_s = delay_s              # seconds added to every round: a straggler on purpose, for tests
-        self.spec = self._wait_for_spec(wait_for_job_s)
+        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, None, "a data-parallel job")
         self.mode = MODES[self.spec["mode"]].Worker
         self.tau = int(self.spec["options"].get("tau", 1))     # gradient-only has no tau: one gradient a round
         self.heartbeat_s = float(self.spec["heartbeat_s"])
@@ -116,17 +116,6 @@ class Worker:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-
-    def _wait_for_spec(self, wait_s):
-        deadline = time.monotonic() + wait_s
-        while True:
-            spec = self.store.job_spec()
-            if spec is not None:
-                return jobs.check_spec(spec, "job %s" % self.job)
-            if time.monotonic() > deadline:
-                raise StoreError("job %s has not been published on %s within %.0f s"
-                                 % (self.job, self.store.urls[0], wait_s))
-            time.sleep(0.2)
 
     # --- heartbeats and messages -----------------------------------------------------------------------------
 
