@@ -87,18 +87,11 @@ def cmd_train_distributed(args):
     """`train --workers N`: a private redis-server (or --redis), the master and N workers on this machine."""
     from ..distributed import launch
     from ..distributed.master import Settings
-    from ..solver import training_log
     if args.snapshot and args.weights:
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     if args.workers < 1:
         raise PycaffeDistError("--workers must be at least 1, got %d" % args.workers)
-    link = None
-    if args.link is not None:
-        from ..distributed.links import parse_link
-        link = parse_link(args.link)             # a bad spec: one line, before any process starts
-        if args.redis is not None:
-            raise PycaffeDistError("--link runs the workers in network namespaces that reach only the private "
-                                   "redis-server: no --redis with it")
+    link = checked_link(args)
     settings = Settings(solver=args.solver, workers=args.workers, mode=args.mode or "async",
                         options=mode_options(args), job=args.job, snapshot=args.snapshot, weights=args.weights,
                         heartbeat_s=args.heartbeat, keep=args.keep, max_iter=args.iterations,
@@ -118,12 +111,36 @@ def cmd_train_distributed(args):
     if any(i >= args.workers for i in slow):
         raise PycaffeDistError("--slow-worker names worker %d, but the workers are 0 to %d"
                                % (max(slow), args.workers - 1))
+    return run_launched_job(
+        lambda progress, sink: launch.run_local(
+            settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
+            gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, link=link, slow_workers=slow,
+            redis_servers=args.redis_servers),
+        "the master and the workers", "the master")
+
+
+def checked_link(args):
+    """--link's spec, checked before any process starts (a bad one: one line), or None."""
+    if args.link is None:
+        return None
+    from ..distributed.links import parse_link
+    link = parse_link(args.link)
+    if args.redis is not None:
+        raise PycaffeDistError("--link runs the workers in network namespaces that reach only the private "
+                               "redis-server: no --redis with it")
+    return link
+
+
+def run_launched_job(start, children, master):
+    """Run a job that launch.py starts on this machine (`start(progress, sink)` -> the master's exit code) under one
+    progress line on a terminal; the master's own error line becomes this command's one error line, at the end.
+    `children` and `master` name the processes in the lines that say how it stopped."""
+    from ..solver import training_log
     handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
     show = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
     master_errors = []
 
     def sink(line):
-        # The master's own error line becomes this command's one error line, at the end.
         if line.startswith(MASTER_ERROR):
             text = line[len(MASTER_ERROR):]
             master_errors.append(text[len("error: "):] if text.startswith("error: ") else text)
@@ -131,19 +148,17 @@ def cmd_train_distributed(args):
             show(line)
     progress = training_log.DistributedProgress(handler) if handler is not None else None
     try:
-        code = launch.run_local(settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
-                                gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, link=link,
-                                slow_workers=slow, redis_servers=args.redis_servers)
+        code = start(progress, sink)
     finally:
         if handler is not None:
             handler.finish()
     if code > 128:
         why = "interrupted" if code == arguments.EXIT_INTERRUPTED else signal.Signals(code - 128).name
-        print("dist_caffe: %s: stopped the master and the workers" % why, file=sys.stderr)
+        print("dist_caffe: %s: stopped %s" % (why, children), file=sys.stderr)
     elif code and master_errors:
         raise PycaffeDistError(master_errors[-1])
     elif code:
-        raise PycaffeDistError("the master exited with status %d (see its log lines above)" % code)
+        raise PycaffeDistError("%s exited with status %d (see its log lines above)" % (master, code))
     return code
 
 

@@ -2,19 +2,16 @@
 pipeline's master and K stage processes, distributed/launch.py), and `pipeline-master` and `stage`, the processes
 it starts."""
 import logging
-import signal
 import sys
 
 from ..errors import PycaffeDistError
-from . import arguments
-from .distributed import MASTER_ERROR, mode_options_given
+from .distributed import checked_link, mode_options_given, run_launched_job
 
 
 def cmd_train_pipeline(args):
     """`train --pipeline K [--micro-batches M]`: the stages as processes, meeting at a private redis-server."""
     from ..distributed import launch
     from ..distributed.pipeline_master import Settings
-    from ..solver import training_log
     if args.pipeline is None:
         raise PycaffeDistError("--micro-batches cuts the batches of a pipeline: give --pipeline K")
     if args.pipeline < 1:
@@ -24,41 +21,21 @@ def cmd_train_pipeline(args):
     if args.workers is not None or args.mode is not None or any(v is not None for _, v in mode_options_given(args)):
         raise PycaffeDistError("--pipeline with data-parallel --workers/--mode: K stages x N replicas is not "
                                "supported yet; give one of them")
-    for flag, value in (("--redis", args.redis), ("--link", args.link), ("--gpu", args.gpu),
+    for flag, value in (("--redis", args.redis), ("--gpu", args.gpu),
                         ("--redis-servers", args.redis_servers), ("--slow-worker", args.slow_worker or None)):
         if value is not None:
             raise PycaffeDistError("%s is not supported with --pipeline (its stages run on this machine's CPUs, "
                                    "at a private redis-server)" % flag)
+    link = checked_link(args)
     if args.snapshot and args.weights:
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     settings = Settings(solver=args.solver, stages=args.pipeline, micro_batches=args.micro_batches, job=args.job,
                         snapshot=args.snapshot, weights=args.weights, heartbeat_s=args.heartbeat, keep=args.keep,
                         max_iter=args.iterations, stats_path=args.stats, log=args.log)
-    handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
-    show = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
-    master_errors = []
-
-    def sink(line):
-        # the master's own error line becomes this command's one error line, at the end
-        if line.startswith(MASTER_ERROR):
-            text = line[len(MASTER_ERROR):]
-            master_errors.append(text[len("error: "):] if text.startswith("error: ") else text)
-        else:
-            show(line)
-    progress = training_log.DistributedProgress(handler) if handler is not None else None
-    try:
-        code = launch.run_pipeline_local(settings, threads=args.threads or 1, progress=progress, sink=sink)
-    finally:
-        if handler is not None:
-            handler.finish()
-    if code > 128:
-        why = "interrupted" if code == arguments.EXIT_INTERRUPTED else signal.Signals(code - 128).name
-        print("dist_caffe: %s: stopped the master and the stages" % why, file=sys.stderr)
-    elif code and master_errors:
-        raise PycaffeDistError(master_errors[-1])
-    elif code:
-        raise PycaffeDistError("the pipeline's master exited with status %d (see its log lines above)" % code)
-    return code
+    return run_launched_job(
+        lambda progress, sink: launch.run_pipeline_local(settings, threads=args.threads or 1, progress=progress,
+                                                         sink=sink, link=link),
+        "the master and the stages", "the pipeline's master")
 
 
 def cmd_pipeline_master(args):

@@ -2,12 +2,10 @@
 the coordinator and N workers, distributed/launch.py), and `sandblaster-master` and `sandblaster-worker`, the
 processes it starts (and what runs it on many machines)."""
 import logging
-import signal
 import sys
 
 from ..errors import PycaffeDistError
-from . import arguments
-from .distributed import MASTER_ERROR, mode_options_given
+from .distributed import checked_link, mode_options_given, run_launched_job
 
 MODE = "sandblaster"
 # (flag, Settings field, help); their defaults are distributed/sandblaster_master.py's
@@ -39,7 +37,6 @@ def cmd_train_sandblaster(args):
     redis-server."""
     from ..distributed import launch
     from ..distributed.sandblaster_master import Settings
-    from ..solver import training_log
     if args.workers is None:
         raise PycaffeDistError("--mode sandblaster trains on workers: give --workers N")
     others = [option.flag for option, value in mode_options_given(args) if value is not None]
@@ -47,11 +44,12 @@ def cmd_train_sandblaster(args):
         raise PycaffeDistError("%s: not options of mode sandblaster (it takes %s)" % (
             ", ".join(others), ", ".join(flag for flag, _, _ in FLAGS)))
     for flag, value in (("--pipeline", args.pipeline), ("--micro-batches", args.micro_batches),
-                        ("--redis", args.redis), ("--link", args.link), ("--gpu", args.gpu),
+                        ("--redis", args.redis), ("--gpu", args.gpu),
                         ("--redis-servers", args.redis_servers)):
         if value is not None:
             raise PycaffeDistError("%s is not supported with --mode sandblaster (its workers run on this machine's "
                                    "CPUs, at a private redis-server)" % flag)
+    link = checked_link(args)
     if args.snapshot and args.weights:
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     slow = dict(args.slow_worker)
@@ -63,32 +61,10 @@ def cmd_train_sandblaster(args):
                         stats_path=args.stats, log=args.log,
                         **{field: getattr(args, field) for _, field, _ in FLAGS if getattr(args, field) is not None})
     settings.check()                        # a bad value: one line, before any process starts
-    handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
-    show = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
-    master_errors = []
-
-    def sink(line):
-        # the coordinator's own error line becomes this command's one error line, at the end
-        if line.startswith(MASTER_ERROR):
-            text = line[len(MASTER_ERROR):]
-            master_errors.append(text[len("error: "):] if text.startswith("error: ") else text)
-        else:
-            show(line)
-    progress = training_log.DistributedProgress(handler) if handler is not None else None
-    try:
-        code = launch.run_sandblaster_local(settings, threads=args.threads or 1, progress=progress, sink=sink,
-                                            slow_workers=slow)
-    finally:
-        if handler is not None:
-            handler.finish()
-    if code > 128:
-        why = "interrupted" if code == arguments.EXIT_INTERRUPTED else signal.Signals(code - 128).name
-        print("dist_caffe: %s: stopped the master and the workers" % why, file=sys.stderr)
-    elif code and master_errors:
-        raise PycaffeDistError(master_errors[-1])
-    elif code:
-        raise PycaffeDistError("the Sandblaster master exited with status %d (see its log lines above)" % code)
-    return code
+    return run_launched_job(
+        lambda progress, sink: launch.run_sandblaster_local(settings, threads=args.threads or 1, progress=progress,
+                                                            sink=sink, slow_workers=slow, link=link),
+        "the master and the workers", "the Sandblaster master")
 
 
 def cmd_sandblaster_master(args):

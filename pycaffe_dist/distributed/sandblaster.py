@@ -45,7 +45,7 @@ from ..errors import PycaffeDistError, StoreError
 from ..net.net import Net
 from ..proto import caffe_pb2
 from . import job as jobs
-from .store import Store
+from .store import Store, local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
 POLL_S = 0.5
@@ -252,7 +252,7 @@ class SandblasterWorker:
         try:
             self._build()
             self.store.send_to_master({"type": "ready", "worker": self.id, "host": socket.gethostname(),
-                                       "pid": os.getpid()})
+                                       "address": local_address(self.store.urls[0]), "pid": os.getpid()})
             log.info("worker %s of Sandblaster job %s: ready", self.id, self.job)
             self._work()
         except Stopped:

@@ -1,6 +1,7 @@
 """Emulated network links (distributed/links.py): the RATE:DELAY spec, links that are really shaped (the rate each
 way, a round trip of twice the delay), nothing left behind after close() or a failure half way, and
-`train --workers 2 --link` running its workers in the namespaces. The tests that make namespaces are skipped, with
+`train --workers 2 --link` running its workers in the namespaces (Sandblaster's workers and a pipeline's stages
+too). The tests that make namespaces are skipped, with
 the reason, where this machine cannot make them; on a kernel without netem the delay is 0 (tbf shapes the rate)
 and the round-trip test is skipped."""
 import json
@@ -288,5 +289,35 @@ def test_a_sigterm_of_train_still_takes_the_links_down(delay_ms, make_solver, tm
             proc.kill()
             proc.wait()
     assert proc.returncode == 128 + 15, out[-3000:]
+    assert not [name for name in _ours() if tag in name]
+    assert not _running("--job " + job)
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.parametrize("kind, flags, done, ready", [
+    ("sandblaster", ["--workers", "2", "--mode", "sandblaster", "--iterations", "3"],
+     "Optimization Done after 3 iterations", r"Worker (\d) ready on \S+ at ([\d.]+) \(pid"),
+    ("pipeline", ["--pipeline", "2", "--iterations", "20"],
+     "Optimization Done after 20 iterations.", r"Stage (\d) ready on \S+ at ([\d.]+) \(pid")])
+def test_sandblaster_and_pipeline_jobs_run_over_links_too(delay_ms, make_solver, kind, flags, done, ready):
+    """Their workers (stages) each in a namespace of its own, reaching Redis at the hub; nothing left after."""
+    env = dict(os.environ)
+    env.pop("PCD_REDIS_PASSWORD", None)
+    job = "links-" + secrets.token_hex(3)
+    proc = subprocess.run([sys.executable, "-m", "pycaffe_dist", "train", "--solver", str(make_solver(max_iter=300)),
+                           "--job", job, "--link", "100mbit:%dms" % delay_ms] + flags,
+                          capture_output=True, text=True, env=env, timeout=120)
+    out = proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert done in out, out[-3000:]
+    found = re.search(r"^\[links\] 2 worker host\(s\) in network namespaces pcdl-(\w+)-w0\.\.1, .* to the hub "
+                      r"([\d.]+); Redis and the master are at the hub$", out, re.M)
+    assert found, out[:3000]
+    tag, hub = found.groups()
+    joined = dict(re.findall(ready, out))
+    subnet = hub.rsplit(".", 1)[0] + "."
+    assert sorted(joined) == ["0", "1"] and len(set(joined.values())) == 2, out[-3000:]
+    assert all(a.startswith(subnet) and a != hub for a in joined.values()), joined
     assert not [name for name in _ours() if tag in name]
     assert not _running("--job " + job)
