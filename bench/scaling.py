@@ -34,7 +34,10 @@ root (the net's Data layers read data/fashion-mnist/{train,test}.datumfile relat
     Sandblaster counts L-BFGS iterations: one evaluates the objective twice on a sample of 32 batches (its default
     --sample-batches) when its line search takes the first step, the usual case, so it runs batches / 64
     iterations; its points' images are the images it computed per iteration on average (its stats' images /
-    iterations), its line searches' further evaluations included. It takes no --link (skipped with one).
+    iterations), its line searches' further evaluations included.
+    "pipeline" is `dist_caffe train --pipeline N` (N stages of one model, no data parallelism; its default
+    micro-batches): solver iterations of one batch, as the 1-process run; its exchange % is the stages' share of
+    time spent waiting for, sending or receiving activations and their gradients.
 Each run gets its own solver (--out/<run>/solver.prototxt): lenet_solver with no tests during training, random
 seed 1, a snapshot of the (global) weights every --every batches' images (every --every iterations, merges in the
 async-like modes, --every / N merges in sync, gossip and DDP steps) and after the last one.
@@ -76,7 +79,8 @@ sys.path.insert(0, str(REPO))             # the checkout's package, installed or
 SOLVER = REPO / "prototxt" / "lenet_solver.prototxt"
 NET = REPO / "prototxt" / "lenet_train_test.prototxt"
 DATA = [REPO / "data" / "fashion-mnist" / f for f in ("train.datumfile", "test.datumfile")]
-MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip", "sandblaster", "local-sgd")
+MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip", "sandblaster", "local-sgd",
+         "pipeline")
 PER_ROUND = ("sync", "gossip", "local-sgd")     # the modes whose merge is a round of all N workers
 SANDBLASTER_BATCHES_PER_ITER = 2 * 32     # two evaluations of a sample of --sample-batches 32: see the docstring
 BATCH, TEST_BATCHES, SCALE = 64, 100, 0.00390625        # lenet_train_test: batch 64, transform scale 1/256
@@ -125,7 +129,7 @@ def new_run(args, kind, n, threads, mode=None, compress=None):
     if kind != "ours":
         per_iter = n if kind == "ddp" else 1
     else:
-        per_iter = SANDBLASTER_BATCHES_PER_ITER if mode == "sandblaster" else \
+        per_iter = SANDBLASTER_BATCHES_PER_ITER if mode == "sandblaster" else 1 if mode == "pipeline" else \
             (n if mode in PER_ROUND else 1) * tau_of(mode)
     if args.batches % per_iter or args.every % per_iter:
         print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
@@ -163,7 +167,6 @@ def plan(args, counts):
             runs.append(new_run(args, "single", 1, n * args.threads))
         runs.append(new_run(args, "ddp", n, args.threads))
         runs += [new_run(args, "ours", n, args.threads, mode, compress) for mode in args.modes
-                 if not (mode == "sandblaster" and args.link)
                  for compress in (args.compress if takes_compress(mode) else [None])]
     if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
         runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
@@ -233,7 +236,8 @@ def start(run, solver_path, args):
     cmd = [sys.executable, "-m", "pycaffe_dist", "train", "--solver", str(solver_path), "--iterations",
            str(run["max_iter"]), "--threads", str(run["threads"]), "--log", str(run["dir"] / "train.log")]
     if run["kind"] == "ours":
-        cmd += ["--workers", str(run["n"]), "--mode", run["mode"], "--stats", str(run["dir"] / "stats.json")]
+        cmd += (["--pipeline", str(run["n"])] if run["mode"] == "pipeline" else
+                ["--workers", str(run["n"]), "--mode", run["mode"]]) + ["--stats", str(run["dir"] / "stats.json")]
         if args.link:
             cmd += ["--link", args.link]
         if run["compress"]:
@@ -266,7 +270,7 @@ def train(run, args):
     stats_path = run["dir"] / "stats.json"
     stats_path.unlink(missing_ok=True)
     unit = {"single": "iterations", "ddp": "steps", "ours": "merges"}[run["kind"]]
-    unit = "L-BFGS iterations (about)" if run["mode"] == "sandblaster" else unit
+    unit = {"sandblaster": "L-BFGS iterations (about)", "pipeline": "iterations"}.get(run["mode"], unit)
     print("bench: %s: %d %s of %d images, snapshot every %d ..." % (run["name"], run["max_iter"], unit,
           run["images_per_iter"], run["every"]), flush=True)
     run["t0"] = time.time()
@@ -443,6 +447,8 @@ def references(runs):
 
 def round_bytes(run):
     stats = run.get("stats") or {}
+    if "bytes_per_iteration" in stats:          # a pipeline: what crosses its cuts per batch, both ways
+        return "%d (cuts)" % stats["bytes_per_iteration"]
     sent, dense = stats.get("bytes_per_result"), stats.get("float32_bytes_per_result")
     if sent is None:
         return "-"
@@ -486,7 +492,8 @@ def table(runs, args):
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["N: processes (the workers of ours, DDP's ranks); T = --threads %d per worker or rank." % args.threads,
              "bytes/round: what a worker sends the master per round, its result (--stats bytes_per_result; the "
-             "fraction of float32's where compressed)."]
+             "fraction of float32's where compressed; Sandblaster: a worker's sums per evaluation); a pipeline: the "
+             "activations and their gradients crossing its cuts per batch."]
     notes += ["FAILED: %s: %s" % (run["name"], run["error"]) for run in runs if run["rc"] != 0]
     if args.link:
         notes.append("--link %s applies to our distributed runs only; the 1-process and DDP references run locally."

@@ -191,6 +191,10 @@ class PipelineMaster:
         if kind == "error":
             raise PycaffeDistError("stage %d: %s" % (stage, message.get("error")))
         if kind == "ready":
+            if stage not in self.ready:
+                log.info("Stage %d ready on %s%s (pid %s)", stage, str(message.get("host", "?"))[:200],
+                         " at " + str(message["address"])[:100] if message.get("address") else "",
+                         message.get("pid", "?"))
             self.ready[stage] = message
             if len(self.ready) == self.K:
                 self.started = True
@@ -322,7 +326,7 @@ class PipelineMaster:
         parts = []
         for s, stats in sorted(self.stage_stats.items()):
             total = stats["compute_s"] + stats["wait_s"]
-            parts.append("%d %.1f ms/iter, %.0f%% waiting" % (s, 1e3 * total / max(1, stats["iterations"]),
+            parts.append("%d %.1f ms/iter, %.0f%% exchanging" % (s, 1e3 * total / max(1, stats["iterations"]),
                                                             100 * stats["wait_s"] / total if total else 0))
         return ", ".join(parts)
 
@@ -340,4 +344,6 @@ class PipelineMaster:
 
     def summary(self):
         return dict(self.progress(), stages=self.K, micro_batches=self.micro, tests=self.test_results,
-                    ranges=self.partition.ranges, stage_stats=self.stage_stats)
+                    ranges=self.partition.ranges, stage_stats=self.stage_stats,
+                    # the activations forward and their gradients back across every cut, per batch
+                    bytes_per_iteration=sum(c.bytes_forward() + c.bytes_backward() for c in self.partition.cuts))

@@ -322,12 +322,13 @@ class SandblasterMaster:
     def _joined(self, worker, message):
         """A worker heard from: counted in (again, if its heartbeat had lapsed)."""
         if worker not in self.members:
-            info = {k: message[k] for k in ("host", "pid") if k in message}
+            info = {k: str(message[k])[:200] for k in ("host", "address", "pid") if message.get(k)}
             self.members[worker] = info
             self.counts.setdefault(worker, {"units": 0, "batches": 0, "pushes": 0, "compute_s": 0.0})
             self.store.add_member(worker, info)
             if message.get("type") == "ready":
-                log.info("Worker %s ready (%s pid %s)", worker, info.get("host", "?"), info.get("pid", "?"))
+                log.info("Worker %s ready on %s%s (pid %s)", worker, info.get("host", "?"),
+                         " at " + info["address"] if "address" in info else "", info.get("pid", "?"))
 
     def _summed(self, worker, message):
         """A push of sums: added when every unit in it is still wanted; otherwise (some were summed already, from
@@ -466,4 +467,6 @@ class SandblasterMaster:
         return dict(self.progress(), evaluations=self.evaluations, batches=self.batches_done,
                     images=self.batches_done * self.batch, tests=self.test_results, units=self.counts,
                     restarts=self.log_lines["restarts"], skipped_pairs=self.log_lines["skipped"],
-                    options=self.spec["options"])
+                    options=self.spec["options"],
+                    # a worker's push per evaluation: its sums, float32 (as the data-parallel modes' results)
+                    bytes_per_result=self.x.nbytes, float32_bytes_per_result=self.x.nbytes)
