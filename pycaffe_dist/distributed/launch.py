@@ -38,6 +38,25 @@ log = logging.getLogger("pycaffe_dist.distributed")
 # waited: 30 % of a round exchanging, against 4 % in one session).
 OWN_PROCESS_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
+# Run first in each child of a job: ask Linux (prctl PR_SET_PDEATHSIG) for a signal when the launcher dies, even by
+# SIGKILL, then exec the child itself (the request survives exec). A SIGKILLed launcher used to leave its
+# redis-server, master and workers running with nobody to stop them. It is a wrapper, not a preexec_fn, because the
+# launcher has threads (the log pumps), where preexec_fn may deadlock; a launcher already gone is checked after.
+_DIE_WITH_LAUNCHER = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[2]), 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n")
+
+
+def die_with_launcher(number):
+    """The argv prefix that gives the child signal `number` when this process (the thread starting it, in Linux's
+    terms: start children from a thread that lives as long as the job) dies; [] where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return []
+    return [sys.executable, "-c", _DIE_WITH_LAUNCHER, str(os.getpid()), str(int(number))]
+
 
 def find_redis_server():
     try:
@@ -62,9 +81,9 @@ def free_port(host="127.0.0.1"):
 class LocalRedis:
     """A private redis-server on `host` (an IPv4 address of this machine; loopback by default): `url` and
     `password` once started; stop() shuts it down and removes its directory. Its password is what guards it on an
-    address other than loopback."""
+    address other than loopback. With `die_with_us`, it gets SIGTERM when this process dies (die_with_launcher)."""
 
-    def __init__(self, binary=None, start_timeout_s=15.0, host="127.0.0.1", password=None):
+    def __init__(self, binary=None, start_timeout_s=15.0, host="127.0.0.1", password=None, die_with_us=False):
         self.binary = binary or find_redis_server()
         self.dir = tempfile.mkdtemp(prefix="pcd-redis-")
         self.password = password or secrets.token_urlsafe(24)
@@ -74,7 +93,8 @@ class LocalRedis:
         with open(os.open(config, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write("bind %s\nport %d\nrequirepass %s\nsave \"\"\nappendonly no\nprotected-mode yes\n"
                     "dir %s\nlogfile %s\n" % (host, self.port, self.password, self.dir, os.path.join(self.dir, "log")))
-        self.process = subprocess.Popen([self.binary, config], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        prefix = die_with_launcher(signal.SIGTERM) if die_with_us else []
+        self.process = subprocess.Popen(prefix + [self.binary, config], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, **OWN_PROCESS_GROUP)
         self.url = "redis://%s:%d" % (host, self.port)
         self._wait(start_timeout_s)
@@ -213,7 +233,7 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
             # one password for all: the children get it in their environment
             host, password = links.hub if links is not None else "127.0.0.1", secrets.token_urlsafe(24)
             for _ in range(redis_servers):
-                servers.append(LocalRedis(host=host, password=password))
+                servers.append(LocalRedis(host=host, password=password, die_with_us=True))
         server = servers[0] if servers else None
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                    MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
@@ -227,11 +247,14 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
         python = [sys.executable, "-m", "pycaffe_dist"]
         if links is not None:
             sink("[links] %s; Redis and the master are at the hub" % links.describe())
-        children.append(Child("master", python + [master_verb, "--settings", "-"], env, sink, settings.to_json()))
+        # If this launcher is killed, the master stops as on Ctrl-C (it snapshots W, and keeps it on disk if Redis
+        # is gone first) and the workers and the servers end.
+        children.append(Child("master", die_with_launcher(signal.SIGINT) + python + [master_verb, "--settings", "-"],
+                              env, sink, settings.to_json()))
         for i in range(hosts):
             name, argv = host_argv(i, redis_url, job)
             where = links.prefix(i) if links is not None else []
-            children.append(Child(name, where + python + argv, env, sink))
+            children.append(Child(name, where + die_with_launcher(signal.SIGTERM) + python + argv, env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
         watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url
         return _supervise(children, watch_url, job, progress, stop_timeout_s)

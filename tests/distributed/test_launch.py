@@ -63,6 +63,40 @@ def test_ctrl_c_sigterm_and_sighup_stop_cleanly_with_a_snapshot(make_solver, tmp
     assert not _running("--job launch-int") and _redis_servers() == servers
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open("/proc/%d/stat" % pid) as f:           # a zombie has ended, whoever reaps it
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_sigkilled_launcher_leaves_no_process_and_keeps_the_weights(make_solver, tmp_path):
+    """SIGKILL cannot be caught: the children ask Linux for a signal when the launcher dies (PR_SET_PDEATHSIG), so
+    the master stops as on Ctrl-C and snapshots W (to disk even if Redis went first), and the workers and the
+    private redis-server end."""
+    proc = _launch(make_solver(max_iter=10 ** 6), "launch-kill", tmp_path, "--mode", "async")
+    lines = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        lines.append(line)
+        if "Starting: 2 worker(s)" in line or time.monotonic() > deadline:
+            break
+    time.sleep(1)
+    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                               text=True).stdout.split()]
+    assert len(children) == 4, "".join(lines)[-3000:]        # the redis-server, the master and 2 workers
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in children if _alive(pid)]
+    assert not _running("--job launch-kill")
+    assert list(tmp_path.glob("snap_iter_*.caffemodel"))
+
+
 def test_workers_on_a_gpu_each(make_solver, tmp_path, monkeypatch):
     """--gpu 0,1: one worker per GPU, synchronous, the master on the CPU (here on the emulated device, which stands
     for a GPU of any id)."""
