@@ -133,7 +133,7 @@ class Master:
         self.members, self.pending, self.replies = {}, {}, []
         self.dirty, self.started, self.stop_requested = True, False, False
         self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
-        self.staleness_sum = 0
+        self.staleness_sum = self.staleness_count = 0
         self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
         self.slots = {}                         # worker -> the data slot it was last given
@@ -256,6 +256,7 @@ class Master:
         merge included: 1 for a result computed on the latest W. Summed for the mean the summary reports."""
         stale = max(1, self.count - int(message.get("base", self.count)) + 1)
         self.staleness_sum += stale
+        self.staleness_count += 1
         return stale
 
     def add_to_weights(self, arrays, scale):
@@ -638,7 +639,9 @@ class Master:
         elapsed = time.monotonic() - self.started_at
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
                     dropped=self.dropped_count, tests=self.test_results,
-                    mean_staleness=self.staleness_sum / max(1, self.count), **self.reader.sizes(),
+                    # None where no result was scaled by its staleness (sync, easgd, gossip, local-sgd, --factor)
+                    mean_staleness=self.staleness_sum / self.staleness_count if self.staleness_count else None,
+                    **self.reader.sizes(),
                     **self.cpu_per_merge(), **self.rule.summary())
 
     def cpu_per_merge(self):

@@ -12,6 +12,7 @@ MODES = [("sync", []), ("async", []), ("partial-sync", ["--max-advance", 1]), ("
          ("easgd", ["--moving-rate", 0.3, "--tau", 2]), ("gradient-only", []), ("gossip", []),
          ("local-sgd", ["--tau", 2])]
 ROUNDS = ("sync", "local-sgd")         # a merge is a round of every worker: half the merges
+STALENESS_SCALED = ("async", "partial-sync", "weed-out", "gradient-only")     # a result scaled by 1 / its staleness
 
 
 @pytest.mark.parametrize("mode,options", MODES, ids=[m for m, _ in MODES])
@@ -28,6 +29,10 @@ def test_mode_trains_with_two_workers(mode, options, procs, make_solver, redis_c
     assert first < 0.45 and last > 0.8, (first, last)
     assert stats["count"] == (150 if mode in ROUNDS else 300)
     assert set(stats["workers"]) == {"0", "1"}
+    if mode in STALENESS_SCALED:
+        assert 1 <= stats["mean_staleness"] < 4, stats["mean_staleness"]    # about N = 2 merges old
+    else:
+        assert stats["mean_staleness"] is None              # not a mean of zeros where nothing is stale
     assert keys_of(redis_client, job) == []
 
 
