@@ -622,6 +622,9 @@ class Store:
         """Write float32 arrays as blobs `kind` (of `owner`), atomically per server, with `state` (a mapping) into
         the first server's hash `state` in the same transaction (the master's state with W). Zero-copy: the SET's
         value goes to the socket straight from the arrays (a version, then a view of each piece)."""
+        if isinstance(arrays, np.ndarray):
+            # its rows would pass for blobs, and be read back against the wrong shapes
+            raise TypeError("blobs %r: a list of arrays, not one array" % kind)
         layout = self._layout([a.shape for a in arrays])
         flat = [np.ascontiguousarray(a, "<f4").reshape(-1) for a in arrays]
 

@@ -48,6 +48,8 @@ def test_reads_are_checked_against_the_expected_shapes(store_for, redis_client):
         store.get_weights(SHAPES[:2] + [(500, 801)] + SHAPES[3:])
     with pytest.raises(StoreError, match="pcd:shapes:x:1:0 is missing from Redis"):
         store.get_result("1", SHAPES)
+    with pytest.raises(TypeError, match="a list of arrays, not one array"):      # not its rows as blobs
+        store.put_result("1", np.zeros((3, 4), np.float32), 0)
     store.remove_job()
     assert keys_of(redis_client, "shapes") == []
 
