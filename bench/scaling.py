@@ -360,6 +360,9 @@ def ddp_child(solver_path, init_path, threads):
             print("Iteration %d, loss = %g" % (step, loss.item()), flush=True)
         if rank == 0 and ((step + 1) % s.snapshot == 0 or step + 1 == s.max_iter):
             snapshot(step + 1)
+    # all ranks leave together: a rank that left while the other was still in gloo's last collective once aborted
+    # it ("terminate called without an active exception") at its exit
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -452,7 +455,11 @@ def round_bytes(run):
     sent, dense = stats.get("bytes_per_result"), stats.get("float32_bytes_per_result")
     if sent is None:
         return "-"
-    return "%d" % sent + (" (1/%.1f)" % (dense / sent) if sent != dense else "")
+    text = "%d" % sent + (" (1/%.1f)" % (dense / sent) if sent != dense else "")
+    pulled = stats.get("bytes_per_pull")
+    if pulled is not None and pulled != dense:          # W comes down compressed too (sync, local-sgd)
+        text += ", down %d" % pulled
+    return text
 
 
 def ratio(run, ref):
@@ -492,8 +499,9 @@ def table(runs, args):
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["N: processes (the workers of ours, DDP's ranks); T = --threads %d per worker or rank." % args.threads,
              "bytes/round: what a worker sends the master per round, its result (--stats bytes_per_result; the "
-             "fraction of float32's where compressed; Sandblaster: a worker's sums per evaluation); a pipeline: the "
-             "activations and their gradients crossing its cuts per batch."]
+             "fraction of float32's where compressed; \"down\": what it pulls, where W comes down compressed too; "
+             "Sandblaster: a worker's sums per evaluation); a pipeline: the activations and their gradients crossing "
+             "its cuts per batch."]
     notes += ["FAILED: %s: %s" % (run["name"], run["error"]) for run in runs if run["rc"] != 0]
     if args.link:
         notes.append("--link %s applies to our distributed runs only; the 1-process and DDP references run locally."

@@ -208,7 +208,10 @@ def cmd_worker(args):
     worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
                     wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry, delay_s=args.delay)
     stats = worker.run()
-    print("worker %s: %d rounds, %d images" % (worker.id, stats["rounds"], stats["images"]), file=sys.stderr)
+    by_update = " (W pulled as %d compressed updates, %d times whole)" % (
+        stats["pulls_by_update"], stats["whole_pulls"]) if "pulls_by_update" in stats else ""
+    print("worker %s: %d rounds, %d images%s" % (worker.id, stats["rounds"], stats["images"], by_update),
+          file=sys.stderr)
     return 0
 
 

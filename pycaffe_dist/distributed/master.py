@@ -35,6 +35,7 @@ from ..proto import caffe_pb2
 from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import compression
+from .broadcast import MasterUpdates
 from . import job as jobs
 from .modes import MODES, resolve_options
 from . import results
@@ -123,12 +124,16 @@ class Master:
         self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]
         self.names = self.solver.weight_names()
-        self.reader = ResultReader(self.store, self.shapes, format=compression.format_of(options, self.shapes))
+        payloads = compression.format_of(options, self.shapes)         # None: results and W go as float32
+        self.reader = ResultReader(self.store, self.shapes, format=payloads)
         self.publisher = ThreadPoolExecutor(1, thread_name_prefix="publish")
         self.publish_copy = [np.empty(s, np.float32) for s in self.shapes]
         self.publishing = None                  # the publish of W and replies in flight
         self.in_use = []                        # the reader's arrays a merge has taken
         self.rule = MODES[mode].Master(self, options)
+        # the round modes send W's change compressed too (broadcast.py); the others, whose workers pull W at
+        # different merges, pull it whole
+        self.updates = MasterUpdates(payloads, self.shapes) if payloads and self.rule.broadcasts_updates else None
         self.count = 0
         self.members, self.pending, self.replies = {}, {}, []
         self.dirty, self.started, self.stop_requested = True, False, False
@@ -145,6 +150,7 @@ class Master:
         self.spec = jobs.make_spec(param, mode, options, self.names, self.shapes, self.heartbeat_s,
                                    self.workers_wanted)
         self.spec["depth"] = self.rule.depth
+        self.spec["updates"] = self.updates is not None
 
     # --- state ----------------------------------------------------------------------------------------------
 
@@ -179,15 +185,19 @@ class Master:
         if self.dirty:
             self._check_weights()
         self._published()
-        state = None
+        state = update = None
         if self.dirty:
             for copy, w in zip(self.publish_copy, self.weights):
                 copy[...] = w
             state, self.dirty = (self.count, self.solver.position[1]), False
+            if self.updates is not None and self.updates.version == self.count:
+                update = self.updates.payload           # a new array each merge: the publisher may hold it
         replies, self.replies = self.replies, []
-        self.publishing = self.publisher.submit(self._publish, state, replies)
+        self.publishing = self.publisher.submit(self._publish, state, replies, update)
 
-    def _publish(self, state, replies):
+    def _publish(self, state, replies, update=None):
+        if update is not None:
+            self.store.put_update(update, state[0])     # before the replies, as W: a worker pulls after its reply
         if state is not None:
             self.store.put_weights(self.publish_copy, *state)
         self.store.reply_to_each(replies)
@@ -267,6 +277,17 @@ class Master:
             else:
                 saxpy(a.reshape(-1), w.reshape(-1), a=scale)
         self.dirty = True
+
+    def begin_update(self):
+        """A round's step follows (sync, local-sgd): with compressed updates, W before it is kept."""
+        if self.updates is not None:
+            self.updates.begin(self.weights)
+
+    def end_update(self):
+        """The round's step is done: with compressed updates, W moves by the compressed change only (the merge
+        that follows makes it merge count + 1)."""
+        if self.updates is not None:
+            self.updates.end(self.weights, self.count + 1)
 
     def apply_gradients(self, gradients, scale=1.0):
         self.solver.apply_gradients(gradients, self.count, scale)
@@ -642,6 +663,9 @@ class Master:
                     # None where no result was scaled by its staleness (sync, easgd, gossip, local-sgd, --factor)
                     mean_staleness=self.staleness_sum / self.staleness_count if self.staleness_count else None,
                     **self.reader.sizes(),
+                    # what a worker pulls per round: W's compressed change (broadcast.py), or W as float32
+                    bytes_per_pull=(self.updates.format.nbytes if self.updates is not None
+                                    else self.reader.sizes()["float32_bytes_per_result"]),
                     **self.cpu_per_merge(), **self.rule.summary())
 
     def cpu_per_merge(self):

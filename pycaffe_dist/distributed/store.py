@@ -10,6 +10,8 @@ Every Redis call of the package is made here, and every key a job writes, under 
   state               hash: merge count, current_step (what a restarted master    put_weights (with W),
                       continues from), written with W in one transaction          master_state
   hist:{k}:{s}        the master's history set k (gradient-only; local-sgd), as W  put_history, get_history
+  U:{s}               the last round's compressed change of W (sync, local-sgd     put_update, get_update
+                      with --compress; broadcast.py): its payload, as a result
   x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result,
                       or (--compress) as its payload (compression.py), sliced    remove_result
                       alike
@@ -396,6 +398,15 @@ class Store:
     def get_history(self, index, shapes):
         """History set `index` as arrays, or None when the job has none saved."""
         return self._get_blobs("hist:%d" % index, shapes, missing_ok=True)[0]
+
+    def put_update(self, payload, count):
+        """The compressed change of W that merge `count` made (broadcast.py): one payload blob."""
+        self._put_blobs("U", [payload], count)
+
+    def get_update(self, out):
+        """(the last update's payload, read into `out`, its merge count), or (None, None) if there is none."""
+        arrays, version = self._get_blobs("U", [out.shape], out=[out], missing_ok=True)
+        return (None, None) if arrays is None else (arrays[0], version)
 
     def put_result(self, worker, arrays, round_id):
         self._put_blobs("x", arrays, round_id, owner=worker)

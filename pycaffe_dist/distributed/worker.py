@@ -24,7 +24,8 @@ from ..backend import select
 from ..errors import StoreError
 from ..solver.solver import Solver
 from . import job as jobs
-from .compression import ErrorFeedback
+from .broadcast import WorkerUpdates
+from .compression import Damaged, ErrorFeedback, format_of
 from .modes import MODES
 from .store import Store, local_address
 
@@ -105,6 +106,7 @@ class Worker:
         self.id = self.store.claim_worker_id(worker_id)
         self.epoch, self.stopping, self.error = 0, threading.Event(), None
         self.stats = {"rounds": 0, "images": 0, "averagings": 0}
+        self.updates = None                 # WorkerUpdates, in a job with compressed updates
 
     @staticmethod
     def _wait_for_a_job(urls, wait_s):
@@ -210,7 +212,7 @@ class Worker:
                                      lambda m: m.get("status") == "reset" or m.get("round") == round_id)
         if hasattr(self.mode, "choose_peer") and reply.get("status") == "merged":
             return self._pull_a_peer(reply)
-        return Outcome.of(reply, self._pull())
+        return Outcome.of(reply, self._pull(update_ok=reply.get("status") == "merged"))
 
     def _pull_a_peer(self, reply):
         """Gossip (modes/gossip.py): instead of W, the weights a peer last published, the peer chosen by the mode
@@ -225,14 +227,26 @@ class Worker:
         self.stats["averagings"] += 1
         return Outcome.of(dict(reply, status="peer"), (pulled, 0))
 
-    def _pull(self):
-        """(W, its merge count). W is missing only after a Redis restarted empty, until the master publishes the
-        job again: wait for it as long as for a master."""
+    def _pull(self, update_ok=False):
+        """(W, its merge count). After a merge (`update_ok`) in a job with compressed updates (broadcast.py), W is
+        rebuilt from the W held and the merge's update where it can be; otherwise pulled whole. W is missing only
+        after a Redis restarted empty, until the master publishes the job again: wait for it as long as for a
+        master."""
         deadline = time.monotonic() + self.master_timeout_s
         out = self.buffers.next_pull()
+        if update_ok and self.updates is not None:
+            payload, version = self.store.get_update(self.updates.payload)
+            try:
+                if payload is not None and self.updates.apply(payload, version, out):
+                    return out, version
+            except Damaged as exc:
+                raise StoreError("job %s: %s holds a damaged or foreign compressed update: %s"
+                                 % (self.job, self.store.key("U", "*"), exc)) from None
         while True:
             weights, version = self.store.get_weights(self.shapes, out=out, missing_ok=True)
             if weights is not None:
+                if self.updates is not None:
+                    self.updates.pulled_whole(weights, version)
                 return weights, version
             if time.monotonic() > deadline:
                 raise StoreError("job %s: W is gone from Redis and was not published again within %.0f s"
@@ -266,6 +280,8 @@ class Worker:
             self.shapes = solver.weight_shapes
             self.buffers = ExchangeBuffers(self.shapes)
             self.feedback = ErrorFeedback.for_job(self.spec["options"], self.shapes)     # None: no --compress
+            self.updates = WorkerUpdates(format_of(self.spec["options"], self.shapes), self.shapes) \
+                if self.spec.get("updates") else None
             images = solver.images_per_iteration * (1 if self.mode.gradients else self.tau)
             while True:
                 try:
@@ -290,6 +306,8 @@ class Worker:
             self._leave()
         if self.error is not None:
             raise self.error
+        if self.updates is not None:
+            self.stats.update(pulls_by_update=self.updates.applied, whole_pulls=self.updates.whole)
         return self.stats
 
     def _rounds(self, solver, exchange, outcome, images):

@@ -38,6 +38,12 @@ class Recorder:
     def slot(self, worker):
         return int(worker)
 
+    def begin_update(self):
+        self.updates = getattr(self, "updates", 0) + 1
+
+    def end_update(self):
+        pass
+
     def history(self):
         if not hasattr(self, "velocity"):
             self.velocity = [np.zeros_like(w) for w in self.weights]

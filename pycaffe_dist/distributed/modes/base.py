@@ -86,6 +86,10 @@ class MasterView(Protocol):
 
     def forget_result(self, worker): ...                 # remove a worker's last result from Redis (gossip)
 
+    def begin_update(self): ...                          # a round's step follows (broadcasts_updates)
+
+    def end_update(self): ...                            # it is done: W moves by its compressed change
+
 
 class DeltaWorker:
     """Workers that run local solver steps and push the change of their weights (sync, async, partial-sync,
@@ -116,6 +120,8 @@ class Rule:
     depth = 1
     reads_results = True        # whether the master reads each result as it comes (ahead of on_result)
     keeps_history = False
+    broadcasts_updates = False  # every worker starts a round from the same W: with --compress, its change is sent
+    #                             compressed (broadcast.py), its step between MasterView.begin_update/end_update
 
     def __init__(self, master: MasterView, options):
         self.master, self.options = master, options

@@ -59,6 +59,7 @@ class SlotOrderSum:
 
 class Master(Rule):
     advice = "lower the solver's base_lr"
+    broadcasts_updates = True
 
     def __init__(self, master, options):
         super().__init__(master, options)
@@ -117,7 +118,9 @@ class Master(Rule):
             return
         if self.delivered:
             self.total.drain()
+            self.master.begin_update()
             self.step(self.total.sum, len(self.delivered))
+            self.master.end_update()
             self.master.merged(self.messages)
         stragglers, everyone = sorted(self.waiting), self.delivered + self.joining
         self.joining = []
