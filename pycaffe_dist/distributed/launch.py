@@ -94,8 +94,8 @@ class LocalRedis:
             f.write("bind %s\nport %d\nrequirepass %s\nsave \"\"\nappendonly no\nprotected-mode yes\n"
                     "dir %s\nlogfile %s\n" % (host, self.port, self.password, self.dir, os.path.join(self.dir, "log")))
         prefix = die_with_launcher(signal.SIGTERM) if die_with_us else []
-        self.process = subprocess.Popen(prefix + [self.binary, config], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, **OWN_PROCESS_GROUP)
+        self.process = subprocess.Popen(prefix + [self.binary, config], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **OWN_PROCESS_GROUP)
         self.url = "redis://%s:%d" % (host, self.port)
         self._wait(start_timeout_s)
 

@@ -41,18 +41,24 @@ def test_train_with_workers_runs_everything_and_leaves_nothing(make_solver, tmp_
     assert (tmp_path / "snap_iter_300.caffemodel").exists()
 
 
-@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_ctrl_c_sigterm_and_sighup_stop_cleanly_with_a_snapshot(make_solver, tmp_path, number, code):
-    """What `timeout`, systemd, `kill` and a closed terminal send stops the job as Ctrl-C does: the master
-    snapshots, tests and stops its workers, and no process (the private redis-server included) is left."""
-    servers = _redis_servers()
-    proc = _launch(make_solver(max_iter=10 ** 6), "launch-int", tmp_path, "--mode", "async")
+def _until_started(proc):
+    """The launcher's lines up to its master's start (or 120 s)."""
     lines = []
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         lines.append(line)
         if "Starting: 2 worker(s)" in line or time.monotonic() > deadline:
             break
+    return lines
+
+
+@pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_ctrl_c_sigterm_and_sighup_stop_cleanly_with_a_snapshot(make_solver, tmp_path, number, code):
+    """What `timeout`, systemd, `kill` and a closed terminal send stops the job as Ctrl-C does: the master
+    snapshots, tests and stops its workers, and no process (the private redis-server included) is left."""
+    servers = _redis_servers()
+    proc = _launch(make_solver(max_iter=10 ** 6), "launch-int", tmp_path, "--mode", "async")
+    lines = _until_started(proc)
     time.sleep(2)
     proc.send_signal(number)
     out, _ = proc.communicate(timeout=120)
@@ -77,12 +83,7 @@ def test_a_sigkilled_launcher_leaves_no_process_and_keeps_the_weights(make_solve
     the master stops as on Ctrl-C and snapshots W (to disk even if Redis went first), and the workers and the
     private redis-server end."""
     proc = _launch(make_solver(max_iter=10 ** 6), "launch-kill", tmp_path, "--mode", "async")
-    lines = []
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        lines.append(line)
-        if "Starting: 2 worker(s)" in line or time.monotonic() > deadline:
-            break
+    lines = _until_started(proc)
     time.sleep(1)
     children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                                text=True).stdout.split()]
