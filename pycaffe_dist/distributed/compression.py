@@ -23,6 +23,7 @@ The master knows the job's codec and shapes, so it knows every length: a payload
 (in range, strictly ascending) are not what the job's codec writes is a one-line StoreError naming the key. A
 non-finite mean or value is not damage but a worker's NaN: it decodes to NaN, which the master refuses as it
 refuses any result holding NaN or Inf (the job stops with the worker and blob named)."""
+import functools
 import math
 
 import numpy as np
@@ -44,6 +45,14 @@ def _padded(nbytes):
     return -(-nbytes // 4) * 4
 
 
+@functools.lru_cache(maxsize=64)
+def _block_starts(n):
+    """2 (i // BLOCK) for i < n: where value i's block's means start (one per blob size, kept)."""
+    starts = np.arange(n, dtype=np.intp) // BLOCK * 2
+    starts.flags.writeable = False
+    return starts
+
+
 class OneBit:
     id, name, block = 1, "1bit", BLOCK
 
@@ -56,12 +65,14 @@ class OneBit:
         padded = np.zeros(blocks * BLOCK, np.float32)
         padded[:n] = x
         padded = padded.reshape(blocks, BLOCK)
-        positive = padded >= 0                      # NaN is not: its block's negative mean is NaN
+        positive = padded >= 0
         counts = positive.sum(axis=1)
         counts[-1] -= blocks * BLOCK - n            # the padding's zeros counted as >= 0
         sizes = np.full(blocks, BLOCK)
         sizes[-1] = n - (blocks - 1) * BLOCK
-        sums = np.where(positive, padded, np.float32(0)).sum(axis=1, dtype=np.float64)
+        # max(x, 0) is x where x >= 0 and 0 elsewhere, as np.where(positive, x, 0) (7 times slower) gives, except
+        # that a NaN makes both of its block's means NaN (the master refuses such a result either way)
+        sums = np.maximum(padded, np.float32(0)).sum(axis=1, dtype=np.float64)
         negative_sums = padded.sum(axis=1, dtype=np.float64) - sums
         means = np.empty((blocks, 2), "<f4")
         means[:, 0] = sums / np.maximum(counts, 1)
@@ -71,11 +82,12 @@ class OneBit:
         out[_padded(len(bits)):] = means.reshape(-1).view(np.uint8)
 
     def decode(self, data, n, out):
-        bits_end, blocks = _padded(-(-n // 8)), -(-n // BLOCK)
-        positive = np.unpackbits(data[:bits_end], count=n, bitorder="little").view(bool)
-        means = data[bits_end:].view("<f4").reshape(blocks, 2)
-        # Whole arrays of each block's means: a broadcast np.where over (blocks, BLOCK) took twice as long.
-        np.copyto(out, np.where(positive, np.repeat(means[:, 0], BLOCK)[:n], np.repeat(means[:, 1], BLOCK)[:n]))
+        bits_end = _padded(-(-n // 8))
+        negative = np.unpackbits(data[:bits_end], count=n, bitorder="little") ^ np.uint8(1)
+        means = data[bits_end:].view("<f4")         # per block: the mean of its values >= 0, then of the others
+        # Value i is means[2 (i // BLOCK) + (its bit is 0)]: one gather, 5 times faster than an np.where between
+        # the repeated means (exact: a selection, no arithmetic)
+        np.take(means, _block_starts(n) + negative, out=out)
 
 
 class TopK:
