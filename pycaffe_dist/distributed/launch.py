@@ -247,9 +247,9 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
         python = [sys.executable, "-m", "pycaffe_dist"]
         if links is not None:
             sink("[links] %s; Redis and the master are at the hub" % links.describe())
-        # If this launcher is killed, the master stops as on Ctrl-C (it snapshots W, and keeps it on disk if Redis
-        # is gone first) and the workers and the servers end.
-        children.append(Child("master", die_with_launcher(signal.SIGINT) + python + [master_verb, "--settings", "-"],
+        # If this launcher is killed, the master stops as on Ctrl-C (SIGTERM: stop_signals.py; it snapshots W, and
+        # keeps it on disk if Redis is gone first) and the workers and the servers end.
+        children.append(Child("master", die_with_launcher(signal.SIGTERM) + python + [master_verb, "--settings", "-"],
                               env, sink, settings.to_json()))
         for i in range(hosts):
             name, argv = host_argv(i, redis_url, job)

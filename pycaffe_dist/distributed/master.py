@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,7 +33,7 @@ from ..io.load import read_solver
 from ..proto import caffe_pb2
 from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
-from . import compression
+from . import compression, stop_signals
 from .broadcast import MasterUpdates
 from . import job as jobs
 from .modes import MODES, resolve_options
@@ -373,7 +372,7 @@ class Master:
 
     def run(self):
         """Serve until max_iter merges (or a stop request); then test, snapshot, stop the workers, clean up."""
-        previous = signal.signal(signal.SIGINT, self._request_stop)
+        restore = stop_signals.catch(self._request_stop)
         self.publish()
         log.info("Job %s: mode %s, waiting for %d worker(s)", self.job, self.mode_name, self.workers_wanted)
         try:
@@ -386,7 +385,7 @@ class Master:
             raise StoreError("%s; the weights at merge %d are in %s (continue with `dist_caffe master --snapshot "
                              "%s`)" % (exc, self.count, model, state)) from None
         finally:
-            signal.signal(signal.SIGINT, previous)
+            restore()
         return self.summary()
 
     def _serve(self):
@@ -418,9 +417,11 @@ class Master:
         raise DivergedError("training diverged in mode %s at merge %d: %s; the last finite weights are in %s (%s)"
                             % (self.mode_name, self.count, exc, model, self.rule.advice)) from None
 
-    def _request_stop(self, number, frame):
-        if self.stop_requested:
+    def _request_stop(self, forced):
+        if forced:
             raise KeyboardInterrupt
+        if self.stop_requested:
+            return
         log.info("Stop requested: finishing (snapshot, test, stopping the workers)")
         self.stop_requested = True
 

@@ -11,8 +11,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
-import threading
 import time
 
 import numpy as np
@@ -27,6 +25,7 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import pipeline as stages
+from . import stop_signals
 from .settings import JsonSettings
 from .store import Store
 from .tester import Tester
@@ -141,9 +140,7 @@ class PipelineMaster:
     # --- the loop ------------------------------------------------------------------------------------------------
 
     def run(self):
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, self._request_stop)
+        restore = stop_signals.catch(self._request_stop)
         try:
             for s in range(self.K):
                 self.store.put_result(stages.state_blobs(s), self._state_arrays(s), self.count)
@@ -159,13 +156,14 @@ class PipelineMaster:
             self._end(failed=True)
             raise
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            restore()
         return self.summary()
 
-    def _request_stop(self, number, frame):
-        if self.stop_requested:
+    def _request_stop(self, forced):
+        if forced:
             raise KeyboardInterrupt
+        if self.stop_requested:
+            return
         log.info("Stop requested: finishing (snapshot, test, stopping the stages)")
         self.stop_requested = True
 

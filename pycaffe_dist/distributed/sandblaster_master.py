@@ -34,8 +34,6 @@ import logging
 import math
 import os
 import secrets
-import signal
-import threading
 import time
 
 import numpy as np
@@ -50,6 +48,7 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import sandblaster as workers
+from . import stop_signals
 from .settings import JsonSettings
 from .store import Store
 from .tester import Tester
@@ -168,9 +167,7 @@ class SandblasterMaster:
     # --- the loop ------------------------------------------------------------------------------------------------
 
     def run(self):
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, self._request_stop)
+        restore = stop_signals.catch(self._request_stop)
         try:
             self.store.publish_job(self.spec)
             self.store.master_heartbeat(self.settings.heartbeat_s)
@@ -185,13 +182,14 @@ class SandblasterMaster:
             self._end(failed=True)
             raise
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            restore()
         return self.summary()
 
-    def _request_stop(self, number, frame):
-        if self.stop_requested:
+    def _request_stop(self, forced):
+        if forced:
             raise KeyboardInterrupt
+        if self.stop_requested:
+            return
         log.info("Stop requested: finishing (snapshot, test, stopping the workers)")
         self.stop_requested = True
 
