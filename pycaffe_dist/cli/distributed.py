@@ -170,9 +170,7 @@ def cmd_master(args):
     if args.settings is not None:
         if args.solver or args.resume:
             raise PycaffeDistError("--settings gives every setting of the master: no --solver or --resume with it")
-        text = sys.stdin.read() if args.settings == "-" else _read_text(args.settings)
-        settings = Settings.from_json(text, "master settings %s" % ("on stdin" if args.settings == "-"
-                                                                    else args.settings))
+        settings = Settings.read(args.settings)
     else:
         if not args.resume and not args.solver:
             raise PycaffeDistError("master needs --solver (or --resume with --job)")
@@ -186,14 +184,6 @@ def cmd_master(args):
     print("job %s on %s" % (master.job, describe(master.store.urls[0])), file=sys.stderr, flush=True)
     master.run()
     return 0
-
-
-def _read_text(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError as exc:
-        raise PycaffeDistError("%s: cannot read: %s" % (path, exc.strerror)) from None
 
 
 def cmd_worker(args):

@@ -41,21 +41,11 @@ def cmd_train_pipeline(args):
 def cmd_pipeline_master(args):
     from ..distributed.pipeline_master import PipelineMaster, Settings
     from ..solver import training_log
-    text = sys.stdin.read() if args.settings == "-" else _read_text(args.settings)
-    settings = Settings.from_json(text, "pipeline settings %s" % ("on stdin" if args.settings == "-"
-                                                                  else args.settings))
+    settings = Settings.read(args.settings)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = PipelineMaster(settings)
     master.run()
     return 0
-
-
-def _read_text(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError as exc:
-        raise PycaffeDistError("%s: cannot read: %s" % (path, exc.strerror)) from None
 
 
 def cmd_stage(args):

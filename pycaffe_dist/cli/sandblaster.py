@@ -70,22 +70,12 @@ def cmd_train_sandblaster(args):
 def cmd_sandblaster_master(args):
     from ..distributed.sandblaster_master import SandblasterMaster, Settings
     from ..solver import training_log
-    text = sys.stdin.read() if args.settings == "-" else _read_text(args.settings)
-    settings = Settings.from_json(text, "sandblaster settings %s" % ("on stdin" if args.settings == "-"
-                                                                     else args.settings))
+    settings = Settings.read(args.settings)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = SandblasterMaster(settings)
     print("job %s" % master.job, file=sys.stderr, flush=True)
     master.run()
     return 0
-
-
-def _read_text(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError as exc:
-        raise PycaffeDistError("%s: cannot read: %s" % (path, exc.strerror)) from None
 
 
 def cmd_sandblaster_worker(args):

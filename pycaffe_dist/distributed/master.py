@@ -68,23 +68,10 @@ class Settings(JsonSettings):
     """What a master is told: by `dist_caffe master`'s flags, or as JSON by the one-machine launcher. `options`
     are the mode's, by name (None or absent: the mode's default; modes.resolve_options checks them)."""
     SOURCE = "master settings"
-    redis: str = "redis://127.0.0.1:6379"
-    solver: str = None
     workers: int = 1
     mode: str = "async"
     options: dict = dataclasses.field(default_factory=dict)
-    job: str = None
     resume: bool = False
-    snapshot: str = None
-    weights: str = None
-    threads: int = 1
-    heartbeat_s: float = 5.0
-    join_timeout_s: float = 300.0
-    keep: bool = False
-    max_iter: int = None
-    stats_path: str = None
-    retry_s: float = 30.0
-    log: str = None
 
 
 class Master:

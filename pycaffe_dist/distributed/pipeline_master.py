@@ -38,21 +38,8 @@ POLL_S = 0.2
 class Settings(JsonSettings):
     """What a pipeline's master is told (as JSON by the one-machine launcher)."""
     SOURCE = "pipeline settings"
-    redis: str = "redis://127.0.0.1:6379"
-    solver: str = None
     stages: int = 2
     micro_batches: int = None
-    job: str = None
-    snapshot: str = None
-    weights: str = None
-    threads: int = 1
-    heartbeat_s: float = 5.0
-    join_timeout_s: float = 300.0
-    keep: bool = False
-    max_iter: int = None
-    stats_path: str = None
-    retry_s: float = 30.0
-    log: str = None
 
 
 def micro_batches_for(sizes, stages, asked=None):

@@ -62,23 +62,10 @@ MEMORY, SAMPLE_BATCHES, UNIT_BATCHES = 10, 32, 1
 class Settings(JsonSettings):
     """What the coordinator is told (as JSON by the one-machine launcher)."""
     SOURCE = "sandblaster settings"
-    redis: str = "redis://127.0.0.1:6379"
-    solver: str = None
     workers: int = 1
     memory: int = MEMORY
     sample_batches: int = SAMPLE_BATCHES
     unit_batches: int = UNIT_BATCHES
-    job: str = None
-    snapshot: str = None
-    weights: str = None
-    threads: int = 1
-    heartbeat_s: float = 5.0
-    join_timeout_s: float = 300.0
-    keep: bool = False
-    max_iter: int = None
-    stats_path: str = None
-    retry_s: float = 30.0
-    log: str = None
 
     def check(self):
         """One line for a setting out of range, before anything starts."""
