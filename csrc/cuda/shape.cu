@@ -92,6 +92,19 @@ PCD_KERNEL void scale_bias_forward(const int n, const float* x, const float* sca
   }
 }
 
+// In place (y is x): saved = x, then y = x * scale (+ bias where has_bias, the bias broadcast as the scale), in one
+// pass; Scale keeps its input for the scale's gradient as Caffe's temp_ does.
+PCD_KERNEL void scale_bias_forward_keeping(const int n, const float* x, const float* scale, const float* bias,
+                                           const int has_bias, const int dim, const int inner, float* saved,
+                                           float* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int c = (i / inner) % dim;
+    const float v = x[i];
+    saved[i] = v;
+    y[i] = has_bias ? v * scale[c] + bias[c] : v * scale[c];
+  }
+}
+
 // --- BatchReindex, Filter ----------------------------------------------------------------------------------------
 
 // y row r = x row permut[r], rows of `inner` values; permut holds floats read as static_cast<int>, checked in range

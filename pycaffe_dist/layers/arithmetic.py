@@ -7,6 +7,7 @@ import numpy as np
 
 from ..backend import select
 from ..proto import caffe_pb2
+from . import channel_sums
 from .base import Layer, checked_axis
 from .registry import register
 
@@ -159,26 +160,6 @@ def _bias_gradient(top_diff, dims, shape):
     return top_diff.reshape(dims).sum(axis=(0, 2)).reshape(shape)
 
 
-def _reduce_outer_inner_gpu(layer, values, dims, out, accumulate):
-    """out (dims[1] values) = (or += where `accumulate`) the sum of `values` (viewed as dims) over the outer and
-    inner dimensions, on the device: two GEMVs against vectors of ones, as bias_layer.cu and scale_layer.cu reduce
-    with their multiplier blobs (Caffe loops one GEMV per outer block; a second GEMV sums the blocks at once)."""
-    outer, dim, inner = dims
-    dev = select.current()
-    if outer * dim * inner == 0:
-        if not accumulate:
-            dev.memset(out, 0)
-        return
-    if inner > 1:
-        per_outer = layer.buffer("reduce_inner", outer * dim, device=True)
-        dev.gemv(False, outer * dim, inner, 1.0, values, layer.buffer("ones_inner", inner, fill=1.0, device=True),
-                 0.0, per_outer)
-    else:
-        per_outer = values
-    dev.gemv(True, outer, dim, 1.0, per_outer, layer.buffer("ones_outer", outer, fill=1.0, device=True),
-             1.0 if accumulate else 0.0, out)
-
-
 def _learned_shape(layer, bottom0, axis_param, num_axes, what):
     """Shape of a learned scale/bias blob: bottom 0's axes [axis, axis + num_axes), num_axes -1 = to the end."""
     axis = checked_axis(layer, axis_param, len(bottom0.shape), "%s axis" % what)
@@ -237,9 +218,9 @@ class BiasLayer(Layer):
             dev.copy(bottom[0].mutable_gpu_diff, top_diff)
         if len(bottom) > 1:
             if propagate_down[1]:
-                _reduce_outer_inner_gpu(self, top_diff, self.dims, bottom[1].mutable_gpu_diff, accumulate=False)
+                channel_sums.sums(self, top_diff, top_diff, self.dims, out_a=bottom[1].mutable_gpu_diff)
         elif self.param_propagate_down[0]:
-            _reduce_outer_inner_gpu(self, top_diff, self.dims, self.blobs[0].mutable_gpu_diff, accumulate=True)
+            channel_sums.sums(self, top_diff, top_diff, self.dims, out_a=self.blobs[0].mutable_gpu_diff, beta_a=1.0)
 
     def flops(self, bottom, top):
         return bottom[0].count
@@ -318,38 +299,51 @@ class ScaleLayer(Layer):
         dev = select.current()
         scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
         x, n = bottom[0].gpu_data, bottom[0].count
-        if top[0] is bottom[0]:
-            # in place: the scale's gradient needs the input (Caffe's temp_)
-            dev.copy(self.buffer("saved", n, device=True), x)
         y = top[0].mutable_gpu_data
         _, dim, inner = self.dims
-        if self.param.scale_param.bias_term and self.bias_dims == self.dims:
+        bias_term = self.param.scale_param.bias_term
+        fused_bias = bias_term and self.bias_dims == self.dims
+        if top[0] is bottom[0]:
+            # In place, the scale's gradient needs the input (Caffe's temp_): kept in the same pass that scales it
+            # (x * scale + bias in one pass, as ScaleBiasForward, where the bias is broadcast as the scale).
+            bias = self.blobs[-1].gpu_data if fused_bias else scale.gpu_data
+            dev.launch("scale_bias_forward_keeping", n, x, scale.gpu_data, bias, int(fused_bias), dim, inner,
+                       self.buffer("saved", n, device=True), y)
+        elif fused_bias:
             # scale_layer.cu's ScaleBiasForward: x * scale + bias in one pass (rounded twice, as the CPU's multiply
             # then add, in the host build; nvcc contracts it to an FMA as in Caffe)
             dev.launch("scale_bias_forward", n, x, scale.gpu_data, self.blobs[-1].gpu_data, dim, inner, y)
-            return
-        dev.launch("scale_forward", n, x, scale.gpu_data, dim, inner, y)
-        if self.param.scale_param.bias_term:
+        else:
+            dev.launch("scale_forward", n, x, scale.gpu_data, dim, inner, y)
+        if bias_term and not fused_bias:
             _, bias_dim, bias_inner = self.bias_dims
             dev.launch("bias_forward", n, y, self.blobs[-1].gpu_data, bias_dim, bias_inner, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        # the CPU backward's steps and order (its comments say where Caffe accumulates)
-        dev = select.current()
+        # the CPU backward's sums and where they accumulate (its comments say where Caffe does); the bias's and the
+        # scale's gradients come from one read of the top diff and the input (layers/channel_sums.py)
         two = len(bottom) > 1
         scale = bottom[1] if two else self.blobs[0]
         top_diff, n = top[0].gpu_diff, top[0].count
-        if self.param.scale_param.bias_term and self.param_propagate_down[-1]:
-            _reduce_outer_inner_gpu(self, top_diff, self.bias_dims, self.blobs[-1].mutable_gpu_diff, accumulate=True)
         outer, dim, inner = self.dims
-        if (two and propagate_down[1]) or (not two and self.param_propagate_down[0]):
+        want_bias = self.param.scale_param.bias_term and self.param_propagate_down[-1]
+        want_scale = (two and propagate_down[1]) or (not two and self.param_propagate_down[0])
+        bias_diff = None
+        if want_bias and self.bias_dims != self.dims:
+            channel_sums.sums(self, top_diff, top_diff, self.bias_dims, out_a=self.blobs[-1].mutable_gpu_diff,
+                              beta_a=1.0)
+        elif want_bias:
+            bias_diff = self.blobs[-1].mutable_gpu_diff
+        if want_scale:
             x = self.buffer("saved", n, device=True) if top[0] is bottom[0] else bottom[0].gpu_data
-            product = self.buffer("product", n, device=True)
-            dev.launch("gpu_mul", n, top_diff, x, product)
             assign = two or (outer == 1 and not (dim == 1 and inner > 1))
-            _reduce_outer_inner_gpu(self, product, self.dims, scale.mutable_gpu_diff, accumulate=not assign)
+            channel_sums.sums(self, top_diff, x, self.dims, out_a=bias_diff, beta_a=1.0,
+                              out_ab=scale.mutable_gpu_diff, beta_ab=0.0 if assign else 1.0)
+        elif bias_diff is not None:
+            channel_sums.sums(self, top_diff, top_diff, self.dims, out_a=bias_diff, beta_a=1.0)
         if propagate_down[0]:
-            dev.launch("scale_forward", n, top_diff, scale.gpu_data, dim, inner, bottom[0].mutable_gpu_diff)
+            select.current().launch("scale_forward", n, top_diff, scale.gpu_data, dim, inner,
+                                    bottom[0].mutable_gpu_diff)
 
     def flops(self, bottom, top):
         return bottom[0].count * (2 if self.param.scale_param.bias_term else 1)

@@ -8,7 +8,7 @@ import numpy as np
 from ..backend import select
 from ..backend import lrn as lrn_kernels
 from ..proto import caffe_pb2
-from . import cudnn_engine
+from . import channel_sums, cudnn_engine
 from .base import Layer
 from .registry import register
 
@@ -319,71 +319,55 @@ class BatchNormLayer(Layer):
             dx = (dy + dt(-1.0 / (y.size // self.channels)) * dx) / self.std
         bottom[0].diff.reshape(n, self.channels, -1)[...] = dx
 
-    # --- GPU, as batch_norm_layer.cu: per-channel sums are two GEMVs against ones (over the spatial axis, then over
-    # the num axis); the statistics factor blobs[2] is read and updated on the host, as Caffe's cpu_data()[0].
+    # --- GPU: Caffe's arithmetic (batch_norm_layer.cu) in fewer passes over the tensor. The TRAIN forward reads x
+    # once for the statistics (layers/channel_sums.py: per-part Welford moments, combined in order) and once to
+    # normalise, writing y and the kept x_norm together: 4 passes where Caffe's GEMVs and element-wise steps made
+    # 10. The backward sums dy and dy * y in one read and computes dx in another: 5 passes where Caffe made 8. The
+    # statistics' weight blobs[2] stays on the device (Caffe reads and writes it on the host, which waits for the
+    # GPU once per layer and iteration).
 
-    def _channel_sums(self, dev, x, alpha, out, num, spatial):
-        """out (channels) = alpha * sum of x (num, channels, spatial) over num and spatial."""
-        by_image = self.buffer("num_by_chans", num * self.channels, device=True)
-        spatial_ones = self.buffer("spatial_ones", spatial, fill=1.0, device=True)
-        dev.gemv(False, num * self.channels, spatial, alpha, x, spatial_ones, 0.0, by_image)
-        num_ones = self.buffer("num_ones", num, fill=1.0, device=True)
-        dev.gemv(True, num, self.channels, 1.0, by_image, num_ones, 0.0, out)
+    def _dims(self, bottom):
+        num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
+        return num, c, (count // (num * c) if num * c else 0)
 
     def forward_gpu(self, bottom, top):
         dev = select.current()
-        num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
-        spatial = count // (num * c) if num * c else 0
-        f32 = np.float32
+        dims = self._dims(bottom)
+        c, count = self.channels, bottom[0].count
         x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
         mean = self.buffer("mean", c, device=True)
-        std = self.buffer("std", c, device=True)          # the variance, then sqrt(variance + eps) for the backward
+        std = self.buffer("std", c, device=True)          # sqrt(variance + eps), for the backward
         if self.use_global_stats:
-            factor = self.blobs[2].cpu_data.reshape(-1)[0]
-            factor = f32(0) if factor == 0 else f32(1) / f32(factor)
-            dev.launch("gpu_scale", c, float(factor), self.blobs[0].gpu_data, mean)
-            dev.launch("gpu_scale", c, float(factor), self.blobs[1].gpu_data, std)
-        else:
-            self._channel_sums(dev, x, 1.0 / (num * spatial), mean, num, spatial)
-        dev.launch("norm_subtract_group", count, x, mean, c, spatial, y)
-        if not self.use_global_stats:
-            square = self.buffer("square", count, device=True)
-            dev.launch("gpu_sqr", count, y, square)
-            self._channel_sums(dev, square, 1.0 / (num * spatial), std, num, spatial)
-            # the moving averages, as _update_moving_averages
-            maf = self.moving_average_fraction
-            factor = self.blobs[2].data.reshape(-1)
-            factor[0] = factor[0] * maf + 1
-            dev.axpby(c, 1.0, mean, maf, self.blobs[0].mutable_gpu_data)
-            m = count // c
-            correction = m / (m - 1) if m > 1 else 1.0
-            dev.axpby(c, correction, std, maf, self.blobs[1].mutable_gpu_data)
-        dev.launch("gpu_add_scalar", c, self.eps, std)
-        dev.launch("gpu_sqrt", c, std, std)
-        dev.launch("norm_divide_group", count, y, std, c, spatial, y)
-        if not self.use_global_stats:
-            # Caffe's x_norm_: later in-place layers may overwrite the top, the TRAIN backward needs it.
-            dev.copy(self.buffer("x_norm", count, device=True), y)
+            dev.launch("batch_norm_global_statistics", c, self.blobs[0].gpu_data, self.blobs[1].gpu_data,
+                       self.blobs[2].gpu_data, self.eps, mean, std)
+            dev.launch("batch_norm_normalize", count, x, mean, std, c, max(dims[2], 1), y, y)
+            return
+        moments, parts = channel_sums.moments(self, x, dims)
+        m = count // c
+        correction = m / (m - 1) if m > 1 else 1.0
+        dev.launch("batch_norm_statistics", c, x, max(dims[2], 1), *moments, m, parts, self.moving_average_fraction,
+                   correction, self.eps, mean, std, self.blobs[0].mutable_gpu_data, self.blobs[1].mutable_gpu_data,
+                   self.blobs[2].mutable_gpu_data)
+        # Caffe's x_norm_: later in-place layers may overwrite the top, the TRAIN backward needs it.
+        dev.launch("batch_norm_normalize", count, x, mean, std, c, max(dims[2], 1), y,
+                   self.buffer("x_norm", count, device=True))
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         dev = select.current()
-        num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
-        spatial = count // (num * c) if num * c else 0
+        dims = self._dims(bottom)
+        c, count = self.channels, bottom[0].count
         std = self.buffer("std", c, device=True)
         dy = top[0].gpu_diff
         if self.use_global_stats:
-            dev.launch("norm_divide_group", count, dy, std, c, spatial, bottom[0].mutable_gpu_diff)
+            dev.launch("norm_divide_group", count, dy, std, c, max(dims[2], 1), bottom[0].mutable_gpu_diff)
             return
         # dx = (dy - mean(dy) - mean(dy * y) * y) / std, y = x_norm, in the CPU path's operation order.
         y = self.buffer("x_norm", count, device=True)
-        product = self.buffer("square", count, device=True)
-        sum_dyy, sum_dy = self.buffer("mean", c, device=True), self.buffer("sum_dy", c, device=True)
-        dev.launch("gpu_mul", count, dy, y, product)
-        self._channel_sums(dev, product, 1.0, sum_dyy, num, spatial)
-        self._channel_sums(dev, dy, 1.0, sum_dy, num, spatial)
-        dev.launch("norm_backward", count, dy, y, sum_dyy, sum_dy, std, c, spatial, -1.0 / (count // c),
+        sum_dy, sum_dyy = self.buffer("sum_dy", c, device=True), self.buffer("sum_dyy", c, device=True)
+        channel_sums.sums(self, dy, y, dims, sum_dy, sum_dyy)
+        dev.launch("norm_backward", count, dy, y, sum_dyy, sum_dy, std, c, max(dims[2], 1), -1.0 / (count // c),
                    bottom[0].mutable_gpu_diff)
 
     def flops(self, bottom, top):

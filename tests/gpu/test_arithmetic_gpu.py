@@ -71,6 +71,7 @@ def learned(text, shapes):
     ("bias_param { axis: 0 num_axes: -1 }", [SHAPE]),                     # outer 1, inner 1
     ("bias_param { axis: 1 }", [SHAPE, (3, 4)]),                          # the bias is bottom 1
     ("bias_param { axis: 0 }", [SHAPE, (2,)]),
+    ("", [(40, 2, 7)]),         # summed in parts that carry across images (layers/channel_sums.py)
 ])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_bias(gpu, param, shapes, in_place):
@@ -90,6 +91,8 @@ def test_bias(gpu, param, shapes, in_place):
     ("scale_param { axis: 1 bias_term: true }", [SHAPE, (3,)]),
     ("scale_param { axis: 0 bias_term: true }", [SHAPE, (2, 3)]),
     ("scale_param { axis: 0 }", [(1, 3, 4), (1,)]),                        # outer 1, a one-value scale bottom
+    ("scale_param { bias_term: true }", [(40, 2, 7)]),    # summed in parts that carry across images
+    ("", [(64, 2, 3, 3)]),                                # parts that step two images at a time
 ])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_scale(gpu, param, shapes, in_place):

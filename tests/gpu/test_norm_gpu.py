@@ -175,7 +175,7 @@ def stats(channels, factor, seed=5):
             (rng.random(channels).astype(np.float32) + 0.5) * factor, np.float32([factor])]
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 3), (3, 2, 2, 3, 2)])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 3), (3, 2, 2, 3, 2), (40, 2, 7), (64, 2, 3, 3)])
 @pytest.mark.parametrize("fraction", [0.999, 0.9, 0.0])
 def test_batchnorm_train(gpu, shape, fraction):
     """Batch statistics, the gradient through them, and the moving averages over three passes."""
