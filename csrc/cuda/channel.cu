@@ -1,5 +1,6 @@
 // Per-channel sums over a tensor viewed as (outer, channels, inner): BatchNorm's batch statistics and gradient sums,
-// Scale's and Bias's parameter gradients (pycaffe_dist/layers/channel_sums.py launches them).
+// Scale's and Bias's parameter gradients (pycaffe_dist/layers/channel_sums.py launches them); and the BatchNorm
+// kernels that use them (layers/norm.py), alone and with the Scale after it (net/gpu_fusion.py).
 //
 // Caffe sums these with GEMVs against vectors of ones, two per sum, after an element-wise pass that writes the
 // product (dy * x) or the square ((x - mean)^2) to a scratch tensor of the bottom's size: BatchNorm's forward read
@@ -186,5 +187,51 @@ PCD_KERNEL void batch_norm_normalize(const int n, const float* x, const float* m
     const float v = (x[i] - mean[c]) / std_dev[c];
     y[i] = v;
     x_norm[i] = v;
+  }
+}
+
+// BatchNorm and the in-place Scale after it in one pass (net/gpu_fusion.py): x_norm = (x - mean[c]) / std[c] (kept:
+// the backward's, and the Scale's input), then y = x_norm * scale[c] (+ bias[c] where has_bias). y may be x;
+// x_norm may be y (nothing to keep): it is written first.
+PCD_KERNEL void batch_norm_scale_normalize(const int n, const float* x, const float* mean, const float* std_dev,
+                                           const float* scale, const float* bias, const int has_bias,
+                                           const int channels, const int inner, float* x_norm, float* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int c = (i / inner) % channels;
+    const float v = (x[i] - mean[c]) / std_dev[c];
+    x_norm[i] = v;
+    y[i] = has_bias ? v * scale[c] + bias[c] : v * scale[c];
+  }
+}
+
+// The pair's dx from the Scale's sums of dy (sum_dy) and dy * x_norm (sum_dyy): the BatchNorm's backward of the
+// Scale's bottom diff dy * scale, whose sums are scale times these, in norm_backward's operation order:
+// dx = (dy * s + neg_inv_m * (y * (s * sum_dyy) + s * sum_dy)) / std; with the stored statistics dx = dy * s / std.
+// dx may be dy.
+PCD_KERNEL void batch_norm_scale_backward(const int n, const float* top_diff, const float* x_norm,
+                                          const float* sum_dyy, const float* sum_dy, const float* scale,
+                                          const float* std_dev, const int global_stats, const int channels,
+                                          const int inner, const float neg_inv_m, float* bottom_diff) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int c = (i / inner) % channels;
+    const float s = scale[c];
+    const float scaled = top_diff[i] * s;
+    if (global_stats) {
+      bottom_diff[i] = scaled / std_dev[c];
+    } else {
+      const float t = x_norm[i] * (s * sum_dyy[c]) + s * sum_dy[c];
+      bottom_diff[i] = (scaled + neg_inv_m * t) / std_dev[c];
+    }
+  }
+}
+
+// The Scale's parameter gradients from the pair's sums: bias_diff += sum_dy where want_bias; scale_diff =
+// scale_beta * scale_diff + sum_dyy where want_scale (scale_beta 0 assigns, as the Scale does where outer is 1).
+PCD_KERNEL void batch_norm_scale_parameter_diffs(const int n, const float* sum_dy, const float* sum_dyy,
+                                                 const int want_bias, const int want_scale, const float scale_beta,
+                                                 float* bias_diff, float* scale_diff) {
+  CUDA_KERNEL_LOOP(c, n) {
+    if (want_bias) bias_diff[c] += sum_dy[c];
+    if (want_scale) scale_diff[c] = scale_beta == 0.0f ? sum_dyy[c] : scale_beta * scale_diff[c] + sum_dyy[c];
   }
 }

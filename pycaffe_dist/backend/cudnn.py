@@ -14,7 +14,8 @@ CuPy's and cudarc's bindings; `_SIGNATURES` declares them all, so that a wrong a
   geometry and direction; the fastest that succeeded within the workspace limit is kept, among those that
   multiply and add the inputs themselves (GEMM-like, direct): FFT and Winograd algorithms transform them and lose
   some float32 accuracy, so cuDNN's results differ from Caffe's kernels' by summation order only
-  (ALLOW_TRANSFORM_ALGORITHMS turns them on: faster for large kernels, errors of ~1e-5 relative).
+  (PCD_CUDNN_TRANSFORMS=1 turns them on: faster for large kernels, errors of ~1e-5 relative. Caffe's own cuDNN
+  engine takes whatever cuDNN's heuristics prefer, transforms included).
 - Loading: libcudnn.so.9 from the nvidia-cudnn-cu12/-cu13 wheel (nvidia/cudnn/lib), the system's loader path, or
   $CUDA_HOME/lib64. cuDNN 9 dlopens its sub-libraries (graph, engines, ops, cnn, ...) and, from them, cuBLASLt
   and NVRTC: those found beside it or in the nvidia wheels are loaded first (RTLD_GLOBAL, dependencies first).
@@ -31,7 +32,7 @@ from ..errors import DeviceError
 
 DISABLE_VARIABLE = "PCD_CUDNN"          # PCD_CUDNN=0: never load cuDNN (the layers run Caffe's kernels)
 WORKSPACE_LIMIT_BYTES = 1 << 30         # the most workspace one convolution call may take (Caffe's cuDNN: 8 MiB)
-ALLOW_TRANSFORM_ALGORITHMS = False      # FFT and Winograd convolutions (see above)
+TRANSFORMS_VARIABLE = "PCD_CUDNN_TRANSFORMS"   # PCD_CUDNN_TRANSFORMS=1: FFT and Winograd convolutions (see above)
 MIN_VERSION = (8, 0, 0)                 # CUDNN_FMA_MATH and the v7-style API with group counts exist from 8.0
 
 # --- enums (cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h; the same values in cuDNN 8 and 9) ---------------------------
@@ -387,6 +388,11 @@ def _ptr(array):
     return ctypes.c_void_p(array.ptr)
 
 
+def transforms_allowed():
+    """Whether convolutions may take FFT and Winograd algorithms (PCD_CUDNN_TRANSFORMS=1)."""
+    return os.environ.get(TRANSFORMS_VARIABLE, "").strip() == "1"
+
+
 def choose_algorithm(results, limit=WORKSPACE_LIMIT_BYTES, excluded=frozenset()):
     """The first (fastest: Find sorts them by time) result that ran, within the workspace limit, in IEEE float32
     math (FMA, or DEFAULT as Find reports algorithms without tensor-core variants), not one of `excluded`;
@@ -445,7 +451,7 @@ class ConvolutionOp:
         results = (AlgoPerf * max(1, wanted.value))()
         returned = ctypes.c_int()
         c.call(find_name, *descriptors, len(results), ctypes.byref(returned), results, context=self.describe())
-        chosen = choose_algorithm(results[:returned.value], excluded=frozenset() if ALLOW_TRANSFORM_ALGORITHMS
+        chosen = choose_algorithm(results[:returned.value], excluded=frozenset() if transforms_allowed()
                                   else TRANSFORM_ALGORITHMS[direction])
         if chosen is None:
             # Nothing fit or ran: algorithm 0 of each direction (implicit GEMM; ALGO_0), which needs little or no

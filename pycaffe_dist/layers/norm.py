@@ -326,37 +326,45 @@ class BatchNormLayer(Layer):
     # statistics' weight blobs[2] stays on the device (Caffe reads and writes it on the host, which waits for the
     # GPU once per layer and iteration).
 
-    def _dims(self, bottom):
+    def gpu_dims(self, bottom):
+        """(num, channels, spatial) of the bottom, as the kernels see it."""
         num, count, c = bottom[0].shape[0], bottom[0].count, self.channels
         return num, c, (count // (num * c) if num * c else 0)
 
-    def forward_gpu(self, bottom, top):
+    def gpu_statistics(self, bottom):
+        """The device buffers (mean, std) to normalise with, std = sqrt(variance + eps): the stored statistics
+        (use_global_stats), or the batch's, with the moving averages updated. net/gpu_fusion.py uses it too."""
         dev = select.current()
-        dims = self._dims(bottom)
+        dims = self.gpu_dims(bottom)
         c, count = self.channels, bottom[0].count
-        x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
         mean = self.buffer("mean", c, device=True)
-        std = self.buffer("std", c, device=True)          # sqrt(variance + eps), for the backward
+        std = self.buffer("std", c, device=True)          # kept for the backward
         if self.use_global_stats:
             dev.launch("batch_norm_global_statistics", c, self.blobs[0].gpu_data, self.blobs[1].gpu_data,
                        self.blobs[2].gpu_data, self.eps, mean, std)
-            dev.launch("batch_norm_normalize", count, x, mean, std, c, max(dims[2], 1), y, y)
-            return
+            return mean, std
+        x = bottom[0].gpu_data
         moments, parts = channel_sums.moments(self, x, dims)
         m = count // c
         correction = m / (m - 1) if m > 1 else 1.0
         dev.launch("batch_norm_statistics", c, x, max(dims[2], 1), *moments, m, parts, self.moving_average_fraction,
                    correction, self.eps, mean, std, self.blobs[0].mutable_gpu_data, self.blobs[1].mutable_gpu_data,
                    self.blobs[2].mutable_gpu_data)
+        return mean, std
+
+    def forward_gpu(self, bottom, top):
+        mean, std = self.gpu_statistics(bottom)
+        count, inner = bottom[0].count, max(self.gpu_dims(bottom)[2], 1)
+        x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
         # Caffe's x_norm_: later in-place layers may overwrite the top, the TRAIN backward needs it.
-        dev.launch("batch_norm_normalize", count, x, mean, std, c, max(dims[2], 1), y,
-                   self.buffer("x_norm", count, device=True))
+        x_norm = y if self.use_global_stats else self.buffer("x_norm", count, device=True)
+        select.current().launch("batch_norm_normalize", count, x, mean, std, self.channels, inner, y, x_norm)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         dev = select.current()
-        dims = self._dims(bottom)
+        dims = self.gpu_dims(bottom)
         c, count = self.channels, bottom[0].count
         std = self.buffer("std", c, device=True)
         dy = top[0].gpu_diff

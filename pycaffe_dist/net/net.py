@@ -15,6 +15,7 @@ from ..errors import NetError
 from ..layers import create_layer
 from ..proto import caffe_pb2
 from . import debug_info as debug_log
+from . import gpu_fusion
 from .splits import insert_splits
 from .state import filter_net, make_state
 
@@ -133,6 +134,7 @@ class Net:
                 for i in tops:
                     blob_need_backward[i] = True
         self._prune_backward(force=self.param.force_backward)
+        self._fusions = gpu_fusion.find(self)
         # net.cpp lists the outputs from a std::set<string>: in byte-wise order of their names
         outputs = sorted({n for n in self.blob_names if n in available}, key=lambda n: n.encode())
         self.output_ids = [self._blob_index[n] for n in outputs]
@@ -298,29 +300,64 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         loss = None
         gpu = select.active() if gpu is None else gpu
-        for layer_id in range(start, end + 1):
+        layer_id = start
+        while layer_id <= end:
             layer = self.layers[layer_id]
             bottom, top = self._vecs(layer_id)
             self._reshape_layer(layer_id, layer, bottom, top)
+            if gpu and self._fused_forward(layer_id, end, bottom, top):
+                for done in (layer_id, layer_id + 1):
+                    loss = self._after_forward(done, loss)
+                layer_id += 2
+                continue
             # A layer without GPU code runs its CPU code on the host copies, as Caffe's Forward_gpu falls back.
             if gpu and layer.forward_gpu is not None:
                 layer.forward_gpu(bottom, top)
             else:
                 layer.forward(bottom, top)
-            if self.debug_info:
-                debug_log.forward(self, layer_id)
-            for w, blob in zip(layer.loss_weights, top):
-                if w:
-                    # Caffe's Layer::Forward: a dot of the top with its loss weights (in its diff), summed over
-                    # the layers in the net's own precision (Dtype), not in double
-                    layer_loss = np.dot(blob.cpu_data.reshape(-1), blob.cpu_diff.reshape(-1))
-                    loss = layer_loss if loss is None else loss + layer_loss
+            loss = self._after_forward(layer_id, loss)
+            layer_id += 1
         return 0.0 if loss is None else float(loss)
+
+    def _fused_forward(self, layer_id, end, bottom, top):
+        """Run layer_id and the next as one on the GPU (net/gpu_fusion.py) where they are a pair that may be fused
+        and both are in the range; whether it did."""
+        fusion = self._fusions.get(layer_id)
+        if fusion is None:
+            return False
+        fusion.forward_fused = False
+        if layer_id + 1 > end:
+            return False
+        self._reshape_layer(layer_id + 1, fusion.scale, *self._vecs(layer_id + 1))
+        if not fusion.fits():
+            return False
+        fusion.forward(bottom, top)
+        return True
+
+    def _after_forward(self, layer_id, loss):
+        """A layer's forward is done: its debug line, and its weighted losses added to `loss`."""
+        layer = self.layers[layer_id]
+        if self.debug_info:
+            debug_log.forward(self, layer_id)
+        for w, blob in zip(layer.loss_weights, self._vecs(layer_id)[1]):
+            if w:
+                # Caffe's Layer::Forward: a dot of the top with its loss weights (in its diff), summed over
+                # the layers in the net's own precision (Dtype), not in double
+                layer_loss = np.dot(blob.cpu_data.reshape(-1), blob.cpu_diff.reshape(-1))
+                loss = layer_loss if loss is None else loss + layer_loss
+        return loss
 
     def backward_from_to(self, start=None, end=0, gpu=None):
         start = len(self.layers) - 1 if start is None else start
         gpu = select.active() if gpu is None else gpu
-        for layer_id in range(start, end - 1, -1):
+        layer_id = start
+        while layer_id >= end:
+            if gpu and layer_id - 1 >= end and self._fused_backward(layer_id - 1):
+                if self.debug_info:
+                    debug_log.backward(self, layer_id)
+                    debug_log.backward(self, layer_id - 1)
+                layer_id -= 2
+                continue
             if self.layer_need_backward[layer_id]:
                 bottom, top = self._vecs(layer_id)
                 layer = self.layers[layer_id]
@@ -330,6 +367,16 @@ class Net:
                     layer.backward(top, self.bottom_need_backward[layer_id], bottom)
                 if self.debug_info:
                     debug_log.backward(self, layer_id)
+            layer_id -= 1
+
+    def _fused_backward(self, layer_id):
+        """The backward of layer_id and the next as one, where their last forward was (net/gpu_fusion.py)."""
+        fusion = self._fusions.get(layer_id)
+        if fusion is None or not fusion.forward_fused or not self.layer_need_backward[layer_id + 1]:
+            return False
+        bottom, top = self._vecs(layer_id)
+        fusion.backward(top, self.layer_need_backward[layer_id] and self.bottom_need_backward[layer_id][0], bottom)
+        return True
 
     def forward_backward(self):
         """Caffe's ForwardBackward: its Backward, unlike BackwardFromTo, ends with the norms of all params."""

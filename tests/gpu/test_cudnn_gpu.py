@@ -132,9 +132,18 @@ def test_the_fastest_algorithm_that_ran_fits_and_is_ieee_is_chosen():
     assert cudnn.choose_algorithm(results) == (4, 1024)
     assert cudnn.choose_algorithm([perf(2, math=cudnn.CUDNN_DEFAULT_MATH)]) == (2, 0)
     assert cudnn.choose_algorithm([perf(0, status=2000)]) is None
-    # FFT and Winograd are left out (backend/cudnn.py: ALLOW_TRANSFORM_ALGORITHMS)
+    # FFT and Winograd are left out unless PCD_CUDNN_TRANSFORMS=1 (backend/cudnn.py)
     assert cudnn.choose_algorithm([perf(4), perf(6), perf(1)], excluded=cudnn.TRANSFORM_ALGORITHMS["forward"]) \
         == (1, 0)
+
+
+def test_transform_algorithms_are_allowed_on_request(monkeypatch):
+    monkeypatch.delenv(cudnn.TRANSFORMS_VARIABLE, raising=False)
+    assert not cudnn.transforms_allowed()
+    monkeypatch.setenv(cudnn.TRANSFORMS_VARIABLE, "1")
+    assert cudnn.transforms_allowed()
+    monkeypatch.setenv(cudnn.TRANSFORMS_VARIABLE, "0")
+    assert not cudnn.transforms_allowed()
 
 
 def test_every_binding_has_a_signature():

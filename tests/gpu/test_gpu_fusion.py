@@ -1,0 +1,169 @@
+"""BatchNorm + in-place Scale run as one on the GPU (pycaffe_dist/net/gpu_fusion.py): the same outputs and gradients
+as the CPU path and as the two layers run apart on the GPU, for every phase and setting of the pair; which pairs are
+fused and which are not; a range that ends between the two sees the BatchNorm's own output."""
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from pycaffe_dist import common
+from pycaffe_dist.net.net import Net
+from pycaffe_dist.proto import caffe_pb2
+
+BATCH = 4
+
+
+def net_text(bn="", scale="scale_param { bias_term: true }", scale_param_spec="", bn_on_data=False,
+             scale_in_place=True, batch=BATCH):
+    """Input -> Convolution -> BatchNorm -> Scale -> ReLU -> InnerProduct -> SoftmaxWithLoss, ResNet's pattern."""
+    source = "data" if bn_on_data else "conv"
+    scale_top = source if scale_in_place else "scaled"
+    conv = "" if bn_on_data else '''
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }'''
+    return '''
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: %d dim: 3 dim: 6 dim: 5 } shape { dim: %d } } }%s
+layer { name: "bn" type: "BatchNorm" bottom: "%s" top: "%s" %s }
+layer { name: "scale" type: "Scale" bottom: "%s" top: "%s" %s %s }
+layer { name: "relu" type: "ReLU" bottom: "%s" top: "%s" }
+layer { name: "fc" type: "InnerProduct" bottom: "%s" top: "fc"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+''' % (batch, batch, conv, source, source, bn, source, scale_top, scale_param_spec, scale, scale_top, scale_top,
+       scale_top)
+
+
+def build(text, phase=caffe_pb2.TRAIN):
+    common.set_random_seed(1701)
+    return Net(text_format.Parse(text, caffe_pb2.NetParameter()), phase=phase)
+
+
+def feed(net, seed=3):
+    rng = np.random.default_rng(seed)
+    data, label = net.blob_by_name("data"), net.blob_by_name("label")
+    data.data[...] = rng.standard_normal(data.shape) * 2 + 0.5
+    label.data[...] = rng.integers(0, 4, label.shape)
+
+
+def scale_params(net, seed=5):
+    """Non-trivial gamma and beta, and earlier gradients in their diffs (where the Scale accumulates or assigns)."""
+    rng = np.random.default_rng(seed)
+    for blob in net.layers[net.layer_index("scale")].blobs:
+        blob.data[...] = rng.standard_normal(blob.shape) + 1.0
+        blob.diff[...] = rng.standard_normal(blob.shape)
+
+
+def run(text, gpu_on, fused=True, phase=caffe_pb2.TRAIN, passes=2, clear=False):
+    """forward_backward `passes` times on one path; returns the net. fused=False runs the pair apart."""
+    if gpu_on:
+        common.set_mode_gpu()
+    else:
+        common.set_mode_cpu()
+    try:
+        net = build(text, phase)
+        if not fused:
+            net._fusions = {}
+        scale_params(net)
+        for _ in range(passes):
+            feed(net)
+            if clear:
+                net.clear_param_diffs()
+            net.forward_backward()
+        return net
+    finally:
+        common.set_mode_gpu()
+
+
+def compare(a, b, tol):
+    for blob_a, blob_b, name in zip(a.blob_list, b.blob_list, a.blob_names):
+        np.testing.assert_allclose(blob_a.data, blob_b.data, err_msg="data " + name, **tol)
+        np.testing.assert_allclose(blob_a.diff, blob_b.diff, err_msg="diff " + name, **tol)
+    for i, (pa, pb) in enumerate(zip(a.param_blobs, b.param_blobs)):
+        np.testing.assert_allclose(pa.data, pb.data, err_msg="param %d" % i, **tol)
+        np.testing.assert_allclose(pa.diff, pb.diff, err_msg="param diff %d" % i, **tol)
+
+
+def tolerance(dev):
+    return dict(rtol=1e-4, atol=1e-5) if dev.name.startswith("emulated") else dict(rtol=1e-3, atol=1e-4)
+
+
+SETTINGS = [
+    dict(),
+    dict(scale=""),                                                     # no bias
+    dict(bn="batch_norm_param { use_global_stats: true }"),             # frozen statistics, fine-tuning
+    dict(bn="batch_norm_param { moving_average_fraction: 0.9 eps: 1e-3 }"),
+    dict(scale_param_spec="param { lr_mult: 0 } param { lr_mult: 0 }"),  # a frozen Scale: no parameter gradients
+    dict(bn_on_data=True),                                              # no gradient below the pair
+    dict(batch=1),                                                      # the Scale assigns its gradient (outer 1)
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[str(i) for i in range(len(SETTINGS))])
+def test_fused_pair_equals_the_cpu_and_the_pair_apart(gpu, setting):
+    text = net_text(**setting)
+    fused = run(text, True)
+    assert list(fused._fusions) == [fused.layer_index("bn")]
+    assert fused._fusions[fused.layer_index("bn")].forward_fused
+    compare(fused, run(text, False), tolerance(gpu))
+    compare(fused, run(text, True, fused=False), tolerance(gpu))
+
+
+def test_the_fused_forward_keeps_no_copy_for_the_scale(gpu):
+    net = run(net_text(), True)
+    scale = net.layers[net.layer_index("scale")]
+    assert not any(name == "saved" for name, _ in scale._buffers)
+
+
+@pytest.mark.parametrize("phase", [caffe_pb2.TRAIN, caffe_pb2.TEST])
+def test_a_forward_only_run(gpu, phase):
+    """A forward alone, in both phases (TEST: the stored statistics)."""
+    text = net_text()
+    common.set_mode_cpu()
+    cpu = build(text, phase)
+    scale_params(cpu)
+    feed(cpu)
+    cpu.forward_from_to()
+    common.set_mode_gpu()
+    dev = build(text, phase)
+    scale_params(dev)
+    feed(dev)
+    dev.forward_from_to()
+    for a, b, name in zip(dev.blob_list, cpu.blob_list, dev.blob_names):
+        np.testing.assert_allclose(a.data, b.data, err_msg=name, **tolerance(gpu))
+    assert dev._fusions[dev.layer_index("bn")].forward_fused
+
+
+def test_a_range_that_ends_at_the_batchnorm_sees_its_own_output(gpu):
+    text = net_text()
+    outputs = []
+    for on_gpu in (False, True):
+        (common.set_mode_gpu if on_gpu else common.set_mode_cpu)()
+        net = build(text)
+        scale_params(net)
+        feed(net)
+        net.forward_from_to(0, net.layer_index("bn"))
+        outputs.append(net.blob_by_name("conv").data.copy())
+        assert not any(f.forward_fused for f in net._fusions.values())
+    np.testing.assert_allclose(outputs[1], outputs[0], **tolerance(gpu))
+    # normalised per channel: mean 0, variance 1 (the Scale did not run)
+    np.testing.assert_allclose(outputs[1].mean(axis=(0, 2, 3)), 0, atol=1e-5)
+
+
+def test_pairs_that_are_not_fused(gpu):
+    # the Scale writes another blob: the BatchNorm's output stays visible
+    assert build(net_text(scale_in_place=False))._fusions == {}
+    # a Scale of another axis than the channels'
+    net = build(net_text(scale="scale_param { axis: 0 num_axes: 1 }"))
+    assert list(net._fusions) == [net.layer_index("bn")]
+    feed(net)
+    net.forward_backward()
+    assert not net._fusions[net.layer_index("bn")].forward_fused
+    # the CPU path
+    common.set_mode_cpu()
+    try:
+        net = build(net_text())
+        feed(net)
+        net.forward_backward()
+        assert not net._fusions[net.layer_index("bn")].forward_fused
+    finally:
+        common.set_mode_gpu()
