@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check in one command, on a machine with an NVIDIA GPU, nvcc and PyTorch: build the kernels for it, run
-# the real-GPU tests, bench/nets.py --gpu, a LeNet training on GPU 0 alone and with 4 workers sharing it; print
-# one table. Run from anywhere; it works in the checkout it belongs to.
+# the real-GPU tests, bench/nets.py --gpu, the per-layer GPU times of the nets that miss their targets, a LeNet
+# training on GPU 0 alone and with 4 workers sharing it; print one table. Run from anywhere; it works in the
+# checkout it belongs to.
 #
 #   tools/gpu_check.sh                 # everything (about 5 minutes on an H200)
 #   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh
 #   OUT=/tmp/gpu-out tools/gpu_check.sh
 #   GPU_CHECK_OUR_KERNELS=1 tools/gpu_check.sh         # the tests once more with cuDNN off (PCD_CUDNN=0)
+#   GPU_CHECK_STEPS="build bench" PCD_CUDNN_TRANSFORMS=1 tools/gpu_check.sh   # convolutions may take FFT, Winograd
 #   PCD_DEVICE=emulated ITERATIONS=100 GPU_CHECK_STEPS="train workers" tools/gpu_check.sh   # this script, no GPU
 #
 # Packages: where pycuda, protobuf, redis-py, lmdb, plyvel and a redis-server are importable or on the PATH
@@ -15,13 +17,15 @@
 # with a .pth file so that child processes see it too.
 # Data: Fashion-MNIST's IDX files from /usr/share/datasets/fashion-mnist or .device/fashion-mnist, converted once
 # into data/fashion-mnist/*.datumfile; without them the training rows say so.
-# Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png, train.log,
-# workers.log, workers.json and summary.txt (the table).
+# Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png, time_NET.txt
+# (dist_caffe time --gpu 0: per layer and per layer type, timed by GPU events), train.log, workers.log,
+# workers.json and summary.txt (the table).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/out/gpu_check}
-STEPS=${GPU_CHECK_STEPS:-build tests bench train workers}
+STEPS=${GPU_CHECK_STEPS:-build tests bench profile train workers}
+PROFILE_NETS=${PROFILE_NETS:-alexnet resnet50 googlenet}
 JOBS=$(nproc)
 mkdir -p "$OUT" "$ROOT/out"     # out/: where prototxt/lenet_solver.prototxt snapshots
 T0=$(date +%s)
@@ -95,6 +99,21 @@ if want bench; then
     done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets.txt")
 fi
 
+# --- where the GPU time goes: dist_caffe time, each layer timed by events on the GPU's stream ------------------------
+if want profile; then
+    for net in $PROFILE_NETS; do
+        say "profile: dist_caffe time $net on GPU 0"
+        python3 -m pycaffe_dist time --model "bench/nets/${net}_input.prototxt" --gpu 0 --iterations 5 \
+            > "$OUT/time_$net.txt" 2>&1
+        top=$(python3 -c "
+import re, sys
+lines = open(sys.argv[1]).read().split('Average time per layer type')[-1].splitlines()[1:5]
+print(', '.join('%s %s' % (l.split()[0], re.search(r'\(([0-9.]+%)\)', l).group(1)) for l in lines if '%)' in l))
+" "$OUT/time_$net.txt" 2>/dev/null)
+        row "time $net, GPU events" "${top:-failed, see time_$net.txt}" \
+            "$(grep -o 'Average Forward-Backward: [0-9.]* ms' "$OUT/time_$net.txt" | awk '{print $3 " ms a pass"}')"
+    done
+fi
 # --- training on the GPU: alone and with workers sharing it ---------------------------------------------------------
 datum=$ROOT/data/fashion-mnist
 if (want train || want workers) && [ ! -f "$datum/test.datumfile" ]; then

@@ -144,6 +144,11 @@ class CudaDevice(RowMajorBlas, Device):
         event.record(stream)
         return event
 
+    def elapsed_ms(self, start, stop):
+        """Milliseconds of GPU time between two recorded events; waits for `stop`."""
+        stop.synchronize()
+        return stop.time_since(start)
+
     def wait(self, event):
         """Make the compute stream wait for `event` (recorded on another stream)."""
         if event is not None:

@@ -1,7 +1,30 @@
 """Per-layer forward and backward timings of a net, as `caffe time` measures them (tools/caffe.cpp: time())."""
+import collections
 import time
 
 import numpy as np
+
+from ..backend import select
+
+
+class LayerClock:
+    """Caffe's Timer (util/benchmark.cpp). In GPU mode a layer's time is the GPU's: events recorded on the compute
+    stream before and after the layer, and the host waits for the second; the host's wall clock would say only
+    how long the layer took to queue its work, and put the queued work of the whole pass on the first layer that
+    waits for the GPU (a loss layer reading its sum). On the CPU, the wall clock."""
+
+    def __init__(self, gpu):
+        self.dev = select.current() if gpu else None
+        self._start = None
+
+    def start(self):
+        self._start = self.dev.record(self.dev.stream) if self.dev else time.perf_counter()
+
+    def stop_ms(self):
+        """Milliseconds since start()."""
+        if self.dev:
+            return self.dev.elapsed_ms(self._start, self.dev.record(self.dev.stream))
+        return 1000.0 * (time.perf_counter() - self._start)
 
 
 def time_net(net, iterations=50, progress=None):
@@ -11,6 +34,7 @@ def time_net(net, iterations=50, progress=None):
     Layers that need no backward are not run backward (Caffe runs them and they do nothing)."""
     n = len(net.layers)
     forward_ms, backward_ms = np.zeros(n), np.zeros(n)
+    clock = LayerClock(select.active())
     initial_loss = net.forward_backward()
     prefetchers = [layer.prefetcher for layer in net.layers if hasattr(layer, "prefetcher")]
     waited_before = sum(p.wait_s for p in prefetchers)
@@ -18,18 +42,18 @@ def time_net(net, iterations=50, progress=None):
     for it in range(iterations):
         start = time.perf_counter()
         for i in range(n):
-            t = time.perf_counter()
+            clock.start()
             net.forward_from_to(i, i)
-            forward_ms[i] += time.perf_counter() - t
+            forward_ms[i] += clock.stop_ms()
         for i in range(n - 1, -1, -1):
-            t = time.perf_counter()
+            clock.start()
             net.backward_from_to(i, i)
-            backward_ms[i] += time.perf_counter() - t
+            backward_ms[i] += clock.stop_ms()
         totals.append(1000.0 * (time.perf_counter() - start))
         if progress is not None:
             progress(it + 1, totals[-1])
-    scale = 1000.0 / max(1, iterations)
-    data_wait_ms = (sum(p.wait_s for p in prefetchers) - waited_before) * scale if prefetchers else None
+    scale = 1.0 / max(1, iterations)
+    data_wait_ms = (sum(p.wait_s for p in prefetchers) - waited_before) * 1000.0 * scale if prefetchers else None
     return {"initial_loss": initial_loss, "iteration_ms": totals, "data_wait_ms": data_wait_ms,
             "layers": [(name, layer.param.type, f * scale, b * scale)
                        for name, layer, f, b in zip(net.layer_names, net.layers, forward_ms, backward_ms)]}
@@ -53,6 +77,28 @@ def format_timings(result):
         share = 100.0 * result["data_wait_ms"] / max(1e-9, sum(totals) / max(1, len(totals)))
         lines.append("Average wait for prefetched data: %.4f ms (%.1f%% of forward-backward)."
                      % (result["data_wait_ms"], share))
+    lines.append(format_by_type(result))
+    return "\n".join(lines)
+
+
+def by_type(result):
+    """[(layer type, layers, forward ms, backward ms)], the most time first: where a net's time goes."""
+    totals = collections.OrderedDict()
+    for _, kind, f, b in result["layers"]:
+        layers, forward, backward = totals.get(kind, (0, 0.0, 0.0))
+        totals[kind] = (layers + 1, forward + f, backward + b)
+    return sorted(((kind,) + v for kind, v in totals.items()), key=lambda row: -(row[2] + row[3]))
+
+
+def format_by_type(result):
+    """After Caffe's summary (which has no such lines): the time per layer type, with its share."""
+    rows = by_type(result)
+    whole = max(1e-9, sum(f + b for _, _, f, b in rows))
+    lines = ["Average time per layer type (forward + backward):"]
+    width = max([len(kind) for kind, _, _, _ in rows] + [10])
+    for kind, layers, f, b in rows:
+        lines.append("%*s\t%3d layers  forward: %.4f ms  backward: %.4f ms  (%.1f%%)"
+                     % (width, kind, layers, f, b, 100.0 * (f + b) / whole))
     return "\n".join(lines)
 
 

@@ -201,6 +201,8 @@ def test_time_prints_caffe_style_per_layer_timings(tmp_path):
     for layer in ("conv1", "pool1", "conv2", "ip1", "relu1", "ip2", "loss"):
         assert "%s\tforward:" % layer in out and "%s\tbackward:" % layer in out, layer
     assert "Average Forward-Backward:" in out and "Total Time:" in out
+    assert "Average time per layer type (forward + backward):" in out
+    assert any(l.strip().startswith("Convolution\t  2 layers") for l in out.splitlines())
     loss = float(next(l for l in out.splitlines() if l.startswith("Initial loss:")).split()[-1])
     assert abs(loss - 2.302585) < 1e-3          # zero inputs: every class equally likely, loss = ln 10
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
