@@ -8,7 +8,6 @@
 #   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh
 #   OUT=/tmp/gpu-out tools/gpu_check.sh
 #   GPU_CHECK_OUR_KERNELS=1 tools/gpu_check.sh         # the tests once more with cuDNN off (PCD_CUDNN=0)
-#   GPU_CHECK_STEPS="build bench" PCD_CUDNN_TRANSFORMS=1 tools/gpu_check.sh   # convolutions may take FFT, Winograd
 #   PCD_DEVICE=emulated ITERATIONS=100 GPU_CHECK_STEPS="train workers" tools/gpu_check.sh   # this script, no GPU
 #
 # Packages: where pycuda, protobuf, redis-py, lmdb, plyvel and a redis-server are importable or on the PATH
@@ -17,14 +16,15 @@
 # with a .pth file so that child processes see it too.
 # Data: Fashion-MNIST's IDX files from /usr/share/datasets/fashion-mnist or .device/fashion-mnist, converted once
 # into data/fashion-mnist/*.datumfile; without them the training rows say so.
-# Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png, time_NET.txt
+# Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png,
+# bench_nets_transforms.txt (the nets of PROFILE_NETS with FFT and Winograd convolutions allowed), time_NET.txt
 # (dist_caffe time --gpu 0: per layer and per layer type, timed by GPU events), train.log, workers.log,
 # workers.json and summary.txt (the table).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/out/gpu_check}
-STEPS=${GPU_CHECK_STEPS:-build tests bench profile train workers}
+STEPS=${GPU_CHECK_STEPS:-build tests bench transforms profile train workers}
 PROFILE_NETS=${PROFILE_NETS:-alexnet resnet50 googlenet}
 JOBS=$(nproc)
 mkdir -p "$OUT" "$ROOT/out"     # out/: where prototxt/lenet_solver.prototxt snapshots
@@ -99,6 +99,17 @@ if want bench; then
     done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets.txt")
 fi
 
+# --- the same nets with FFT and Winograd convolutions allowed (PCD_CUDNN_TRANSFORMS=1: Caffe's own cuDNN engine takes
+# them where cuDNN prefers them; ours leaves them out by default for their float32 error) ---------------------------
+if want transforms; then
+    say "bench/nets.py --gpu, PCD_CUDNN_TRANSFORMS=1"
+    PCD_CUDNN_TRANSFORMS=1 python3 bench/nets.py --gpu --iterations 20 --nets "${PROFILE_NETS// /,}" 2>&1 |
+        tee "$OUT/bench_nets_transforms.txt"
+    while IFS='|' read -r _ net batch _ ours torch ratio target _; do
+        row "bench $(echo $net) b$(echo $batch), FFT/Winograd allowed" "ours/PyTorch $(echo $ratio) (target $(echo $target))" \
+            "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
+    done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets_transforms.txt")
+fi
 # --- where the GPU time goes: dist_caffe time, each layer timed by events on the GPU's stream ------------------------
 if want profile; then
     for net in $PROFILE_NETS; do
