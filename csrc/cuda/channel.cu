@@ -11,9 +11,7 @@
 // elements k = p, p + parts, ... of channel c's m = outer * inner (element k is image k / inner, position
 // k % inner, so the 32 threads of a warp read neighbouring addresses); "fold" kernels combine groups of `width`
 // consecutive parts in order, as often as it takes to leave a few, and a last kernel, one thread per channel,
-// combines those. The partition depends on the shape only, so every run gives the same bits. A thread walks its
-// elements without a division per element: (image, position) advance by (parts / inner, parts % inner) with one
-// carry.
+// combines those. The partition depends on the shape only, so every run gives the same bits.
 #include "common.cuh"
 
 // A product rounded on its own, never contracted into an FMA with the addition after it (nvcc contracts by default):
@@ -24,27 +22,48 @@
 #define PCD_MUL_ROUNDED(a, b) ((a) * (b))
 #endif
 
+// Thread (c, p)'s walk over channel c's elements k = p, p + parts, ...: the element's offset in the tensor, and the
+// step to the next without a division: (image, position) advance by (parts / inner, parts % inner), one carry.
+struct ChannelWalk {
+  long long image_stride, base;
+  int step_image, step_position, inner, image, position;
+};
+
+PCD_DEVICE ChannelWalk channel_walk(const int c, const int p, const int channels, const int inner, const int parts) {
+  ChannelWalk w;
+  w.image_stride = static_cast<long long>(channels) * inner;
+  w.base = static_cast<long long>(c) * inner;
+  w.step_image = parts / inner;
+  w.step_position = parts % inner;
+  w.inner = inner;
+  w.image = p / inner;
+  w.position = p % inner;
+  return w;
+}
+
+PCD_DEVICE long long walk_offset(const ChannelWalk& w) { return w.image * w.image_stride + w.base + w.position; }
+
+PCD_DEVICE void walk_next(ChannelWalk& w) {
+  w.image += w.step_image;
+  w.position += w.step_position;
+  if (w.position >= w.inner) {
+    w.position -= w.inner;
+    w.image += 1;
+  }
+}
+
 // part_a[c * parts + p] = the sum of a over thread (c, p)'s elements, part_ab[...] = the sum of a * b (b may be a).
 PCD_KERNEL void channel_sums_parts(const int n, const float* a, const float* b, const int channels, const int inner,
                                    const int m, const int parts, float* part_a, float* part_ab) {
   CUDA_KERNEL_LOOP(index, n) {
     const int c = index / parts, p = index % parts;
-    const long long base = static_cast<long long>(c) * inner;
-    const long long image_stride = static_cast<long long>(channels) * inner;
-    const int step_image = parts / inner, step_position = parts % inner;
-    int image = p / inner, position = p % inner;
+    ChannelWalk w = channel_walk(c, p, channels, inner, parts);
     float sum_a = 0, sum_ab = 0;
-    for (int k = p; k < m; k += parts) {
-      const long long at = image * image_stride + base + position;
+    for (int k = p; k < m; k += parts, walk_next(w)) {
+      const long long at = walk_offset(w);
       const float va = a[at];
       sum_a += va;
       sum_ab += va * b[at];
-      image += step_image;
-      position += step_position;
-      if (position >= inner) {
-        position -= inner;
-        image += 1;
-      }
     }
     part_a[index] = sum_a;
     part_ab[index] = sum_ab;
@@ -90,24 +109,15 @@ PCD_KERNEL void channel_moments_parts(const int n, const float* x, const int cha
                                       const int parts, float* part_count, float* part_mean, float* part_m2) {
   CUDA_KERNEL_LOOP(index, n) {
     const int c = index / parts, p = index % parts;
-    const long long base = static_cast<long long>(c) * inner;
-    const long long image_stride = static_cast<long long>(channels) * inner;
-    const int step_image = parts / inner, step_position = parts % inner;
-    const float shift = m > 0 ? x[base] : 0.0f;
-    int image = p / inner, position = p % inner;
+    ChannelWalk w = channel_walk(c, p, channels, inner, parts);
+    const float shift = m > 0 ? x[w.base] : 0.0f;
     float mean = 0, m2 = 0, seen = 0;
-    for (int k = p; k < m; k += parts) {
-      const float v = x[image * image_stride + base + position] - shift;
+    for (int k = p; k < m; k += parts, walk_next(w)) {
+      const float v = x[walk_offset(w)] - shift;
       seen += 1;
       const float delta = v - mean;
       mean += delta / seen;
       m2 += delta * (v - mean);
-      image += step_image;
-      position += step_position;
-      if (position >= inner) {
-        position -= inner;
-        image += 1;
-      }
     }
     part_count[index] = seen;
     part_mean[index] = mean;
