@@ -1,6 +1,7 @@
 """A job's description, as the master publishes it and workers read it: the solver with its train net inlined
 (so that a worker needs nothing but the data paths), the mode and its options, and the learnable blobs' names
-and shapes. JSON, never pickle."""
+and shapes. JSON, never pickle. And a job's end, as every kind of master ends it (end_job)."""
+import json
 import os
 import secrets
 import time
@@ -97,3 +98,27 @@ def wait_for_spec(store, job, wait_s, kind, what):
         if time.monotonic() > deadline:
             raise StoreError("job %s has not been published on %s within %.0f s" % (job, store.urls[0], wait_s))
         time.sleep(0.2)
+
+
+def end_job(store, controls, names, wait_s, stats_path=None, summary=None, keep=False):
+    """A master's last act: mark the job done, send stop to each process's control queue, wait up to wait_s for
+    their heartbeats (names) to lapse, write the stats (summary() as JSON) where asked, and remove the job's keys
+    unless `keep`."""
+    store.finish_job()
+    for queue in controls:
+        store.reply_to(queue, {"status": "stop"})
+    wait_for_leaving(store, names, wait_s)
+    if stats_path:
+        with open(stats_path, "w") as f:
+            json.dump(summary(), f, indent=1)
+    if not keep:
+        store.remove_job()
+
+
+def wait_for_leaving(store, names, wait_s):
+    """Wait up to wait_s until none of the processes `names` beats its heart any more."""
+    deadline = time.monotonic() + wait_s
+    names = list(names)
+    while names and time.monotonic() < deadline:
+        names = [n for n, alive in zip(names, store.workers_alive(names)) if alive]
+        time.sleep(0.05)

@@ -74,7 +74,7 @@ class Settings(JsonSettings):
     resume: bool = False
 
 
-class Master:
+class Master(stop_signals.StopRequests):
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.log = log
@@ -404,14 +404,6 @@ class Master:
         raise DivergedError("training diverged in mode %s at merge %d: %s; the last finite weights are in %s (%s)"
                             % (self.mode_name, self.count, exc, model, self.rule.advice)) from None
 
-    def _request_stop(self, forced):
-        if forced:
-            raise KeyboardInterrupt
-        if self.stop_requested:
-            return
-        log.info("Stop requested: finishing (snapshot, test, stopping the workers)")
-        self.stop_requested = True
-
     def _handle(self, message):
         kind, worker = message.get("type"), str(message.get("worker"))
         member = self.members.get(worker)
@@ -599,9 +591,10 @@ class Master:
     def _stop_workers(self):
         self._published()                       # the last W out before the job says done
         self.store.finish_job()
-        for worker in list(self.members) + list(self.pending):
+        ids = list(self.members) + list(self.pending)
+        for worker in ids:
             self.store.reply_to(worker, {"status": "stop"})
-        self._wait_for_workers_to_leave()
+        jobs.wait_for_leaving(self.store, ids, 10.0)
 
     def _clean_up(self):
         self.reader.close()
@@ -613,13 +606,6 @@ class Master:
             log.info("Keeping the job's keys on Redis (job %s)", self.job)
         else:
             self.store.remove_job()
-
-    def _wait_for_workers_to_leave(self, wait_s=10.0):
-        deadline = time.monotonic() + wait_s
-        ids = list(self.members) + list(self.pending)
-        while ids and time.monotonic() < deadline:
-            ids = [w for w, alive in zip(ids, self.store.workers_alive(ids)) if alive]
-            time.sleep(0.05)
 
     # --- reporting -----------------------------------------------------------------------------------------------
 

@@ -28,9 +28,6 @@ owners:
 and the heartbeat hb:stage{s}.
 """
 import logging
-import os
-import socket
-import threading
 import time
 
 import numpy as np
@@ -41,13 +38,10 @@ from ..errors import PycaffeDistError, StoreError
 from ..net.net import Net
 from ..proto import caffe_pb2
 from ..solver import updates
-from . import job as jobs
-from .store import Store, local_address
+from .job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
 f32 = np.float32
-POLL_S = 0.5
-MASTER_TIMEOUT_BEATS = 10
 SPEC_KIND = "pipeline"
 
 
@@ -84,24 +78,15 @@ def state_shapes(spec, stage, history_sets):
     return shapes * (1 + history_sets)
 
 
-class Stopped(Exception):
-    """The master said stop, or the job is done."""
-
-
-class Stage:
+class Stage(JobProcess):
     def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0):
-        self.job = jobs.find_job(urls, job)
-        self.store = Store(urls, self.job, retry_s)
-        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, SPEC_KIND, "a pipeline")
+        super().__init__(urls, job, SPEC_KIND, "a pipeline", wait_for_job_s, master_timeout_s, retry_s)
         self.index, self.stages = int(stage), len(self.spec["stages"])
         if not 0 <= self.index < self.stages:
             raise PycaffeDistError("job %s has stages 0 to %d, not %d" % (self.job, self.stages - 1, self.index))
         self.name = flow_queue(self.index)
         self.threads = threads
-        self.heartbeat_s = float(self.spec["heartbeat_s"])
-        self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
-        self.stopping, self.error = threading.Event(), None
-        self.unacked = self.halt_requested = False
+        self.halt_requested = False
         self.pending = None                 # a notice taken from the queue, not yet handled
         self.waited_s = 0.0                 # this iteration's time waiting on the stages beside
         self.stats = {"iterations": 0, "compute_s": 0.0, "wait_s": 0.0}
@@ -138,6 +123,7 @@ class Stage:
         self.history = updates.new_history(self.param, [b.shape for b in self.own])
         self.random_layers = [layer for layer in self.net.layers[self.first:self.last + 1]
                               if getattr(layer, "random_stream", None) is not None]
+        self._load_state()
 
     def _state_arrays(self):
         return [b.data for b in self.own] + self.history
@@ -150,34 +136,22 @@ class Stage:
 
     # --- messages ------------------------------------------------------------------------------------------------
 
-    def _beat(self):
-        while not self.stopping.wait(self.heartbeat_s / 4):
-            try:
-                self.store.worker_heartbeat(self.name, self.heartbeat_s)
-            except StoreError as exc:
-                self.error = exc
-                self.stopping.set()
+    def identity(self):
+        return {"stage": self.index}
+
+    def control_queue(self):
+        return control_queue(self.index)
 
     def _control(self, message):
-        status = message.get("status")
-        if status == "stop":
-            raise Stopped()
-        if status == "ack":
-            self.unacked = False
-        elif status == "halt":
+        status = super()._control(message)
+        if status == "halt":
             self.halt_requested = True
-
-    def _poll_control(self):
-        while True:
-            message = self.store.next_reply(control_queue(self.index), 0)
-            if message is None:
-                return
-            self._control(message)
+        return status
 
     def _wait(self, queue, accept):
         """The next message on `queue` that accept(message) takes; the master's control messages are seen to
         meanwhile. Gives up when the job ends or its master is gone."""
-        last_master = started = time.monotonic()
+        self.last_master = started = time.monotonic()
         while True:
             if self.error is not None:
                 raise self.error
@@ -196,14 +170,7 @@ class Stage:
                 if queue != control_queue(self.index):
                     raise StoreError("stage %d of job %s: unexpected notice %r" % (self.index, self.job, message))
                 continue
-            state = self.store.job_state()
-            if state != "running":
-                raise Stopped()
-            if self.store.master_alive():
-                last_master = time.monotonic()
-            elif time.monotonic() - last_master > self.master_timeout_s:
-                raise StoreError("the master of job %s has not been seen for %.0f s" % (self.job,
-                                                                                       self.master_timeout_s))
+            self._check_master()
 
     def _moving(self, transfer, *args, **kwargs):
         """A transfer of crossing blobs through the store: its time counts as exchange with the waiting, not as
@@ -357,36 +324,9 @@ class Stage:
             self._put_state(final=True)
         self._wait(control_queue(self.index), lambda m: False)      # until the master says stop
 
-    def run(self):
-        beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
-        self.store.worker_heartbeat(self.name, self.heartbeat_s)
-        beat.start()
-        try:
-            self._build()
-            self._load_state()
-            self.store.send_to_master({"type": "ready", "stage": self.index, "host": socket.gethostname(),
-                                       "address": local_address(self.store.urls[0]), "pid": os.getpid()})
-            log.info("stage %d of job %s: layers %s to %s, %d micro-batches", self.index, self.job,
-                     self.net.layer_names[self.first], self.net.layer_names[self.last], self.micro)
-            self._train()
-        except Stopped:
-            pass
-        except PycaffeDistError as exc:
-            self._tell_master(str(exc))
-            raise
-        except Exception as exc:
-            self._tell_master("%s: %s" % (type(exc).__name__, exc))
-            raise
-        finally:
-            self.stopping.set()
-            try:
-                self.store.leave(self.name)
-            except StoreError:
-                pass
-        return self.stats
+    def _main(self):
+        self._train()
 
-    def _tell_master(self, text):
-        try:
-            self.store.send_to_master({"type": "error", "stage": self.index, "error": text[:2000]})
-        except StoreError:
-            pass
+    def _ready_line(self):
+        log.info("stage %d of job %s: layers %s to %s, %d micro-batches", self.index, self.job,
+                 self.net.layer_names[self.first], self.net.layer_names[self.last], self.micro)

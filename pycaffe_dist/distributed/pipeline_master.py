@@ -8,7 +8,6 @@ Its Solver is built as one process builds it, so the stages start from the weigh
 from (the same fillers under the same seed), and a job started from a snapshot or weights hands those on.
 """
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -57,7 +56,9 @@ def micro_batches_for(sizes, stages, asked=None):
     return next(m for m in range(min(stages, batch), batch + 1) if all(s % m == 0 for s in sizes.values()))
 
 
-class PipelineMaster:
+class PipelineMaster(stop_signals.StopRequests):
+    stopping_whom = "the stages"
+
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.settings = settings
@@ -145,14 +146,6 @@ class PipelineMaster:
         finally:
             restore()
         return self.summary()
-
-    def _request_stop(self, forced):
-        if forced:
-            raise KeyboardInterrupt
-        if self.stop_requested:
-            return
-        log.info("Stop requested: finishing (snapshot, test, stopping the stages)")
-        self.stop_requested = True
 
     def _serve(self):
         last_check = time.monotonic()
@@ -288,19 +281,9 @@ class PipelineMaster:
     def _end(self, failed):
         """Tell the stages to stop, wait a little for them to go, write the stats, remove the job's keys."""
         try:
-            self.store.finish_job()
-            for s in range(self.K):
-                self.store.reply_to(stages.control_queue(s), {"status": "stop"})
-            names = [stages.flow_queue(s) for s in range(self.K)]
-            deadline = time.monotonic() + (2.0 if failed else 10.0)
-            while names and time.monotonic() < deadline:
-                names = [n for n, alive in zip(names, self.store.workers_alive(names)) if alive]
-                time.sleep(0.05)
-            if self.settings.stats_path:
-                with open(self.settings.stats_path, "w") as f:
-                    json.dump(self.summary(), f, indent=1)
-            if not self.settings.keep:
-                self.store.remove_job()
+            jobs.end_job(self.store, [stages.control_queue(s) for s in range(self.K)],
+                         [stages.flow_queue(s) for s in range(self.K)], 2.0 if failed else 10.0,
+                         self.settings.stats_path, self.summary, self.settings.keep)
         except StoreError:
             if not failed:
                 raise

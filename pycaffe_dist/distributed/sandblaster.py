@@ -33,23 +33,17 @@ The job's keys it uses are the store's (store.py):
   hb:{w}            worker w's heartbeat
 """
 import logging
-import os
-import socket
-import threading
 import time
 
 from google.protobuf import text_format
 
 from .. import common
-from ..errors import PycaffeDistError, StoreError
+from ..errors import StoreError
 from ..net.net import Net
 from ..proto import caffe_pb2
-from . import job as jobs
-from .store import Store, local_address
+from .job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
-POLL_S = 0.5
-MASTER_TIMEOUT_BEATS = 10
 SPEC_KIND = "sandblaster"
 UNITS = "units"
 # Batch j's random draws start at counter j << 32: 2^32 Philox blocks a batch, more than any layer draws.
@@ -59,10 +53,6 @@ DRAWS_PER_BATCH_SHIFT = 32
 def sums_owner(worker):
     """The store owner of worker `worker`'s pushed sums (blobs x:sum{w})."""
     return "sum%s" % worker
-
-
-class Stopped(Exception):
-    """The master said stop, or the job is done."""
 
 
 class Held:
@@ -79,18 +69,12 @@ class Held:
         self.compute_s += seconds
 
 
-class SandblasterWorker:
+class SandblasterWorker(JobProcess):
     def __init__(self, urls, job=None, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
                  worker_id=None, delay_s=0.0):
-        self.job = jobs.find_job(urls, job)
-        self.store = Store(urls, self.job, retry_s)
-        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, SPEC_KIND, "a Sandblaster job")
+        super().__init__(urls, job, SPEC_KIND, "a Sandblaster job", wait_for_job_s, master_timeout_s, retry_s)
         self.threads, self.delay_s = threads, delay_s      # delay: seconds after every unit, a straggler on purpose
-        self.heartbeat_s = float(self.spec["heartbeat_s"])
-        self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
-        self.id = self.store.claim_worker_id(worker_id)
-        self.stopping, self.error = threading.Event(), None
-        self.unacked = False
+        self.id = self.name = self.store.claim_worker_id(worker_id)
         self.stats = {"units": 0, "batches": 0, "pushes": 0, "compute_s": 0.0}
 
     # --- setup -------------------------------------------------------------------------------------------------
@@ -137,38 +121,8 @@ class SandblasterWorker:
 
     # --- messages ------------------------------------------------------------------------------------------------
 
-    def _beat(self):
-        while not self.stopping.wait(self.heartbeat_s / 4):
-            try:
-                self.store.worker_heartbeat(self.id, self.heartbeat_s)
-            except StoreError as exc:
-                self.error = exc
-                self.stopping.set()
-
-    def _control(self, message):
-        status = message.get("status")
-        if status == "stop":
-            raise Stopped()
-        if status == "ack":
-            self.unacked = False
-
-    def _poll_control(self):
-        while True:
-            message = self.store.next_reply(self.id, 0)
-            if message is None:
-                return
-            self._control(message)
-
-    def _check_master(self):
-        """Gives up when the job is over or its master gone: called whenever a wait found nothing."""
-        if self.error is not None:
-            raise self.error
-        if self.store.job_state() != "running":
-            raise Stopped()
-        if self.store.master_alive():
-            self.last_master = time.monotonic()
-        elif time.monotonic() - self.last_master > self.master_timeout_s:
-            raise StoreError("the master of job %s has not been seen for %.0f s" % (self.job, self.master_timeout_s))
+    def identity(self):
+        return {"worker": self.id}
 
     def _wait_for_ack(self):
         while self.unacked:
@@ -244,36 +198,12 @@ class SandblasterWorker:
             self.stats["batches"] += int(unit["count"])
             self.stats["compute_s"] += seconds
 
-    def run(self):
-        beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
-        self.store.worker_heartbeat(self.id, self.heartbeat_s)
-        beat.start()
-        self.last_master = time.monotonic()
-        try:
-            self._build()
-            self.store.send_to_master({"type": "ready", "worker": self.id, "host": socket.gethostname(),
-                                       "address": local_address(self.store.urls[0]), "pid": os.getpid()})
-            log.info("worker %s of Sandblaster job %s: ready", self.id, self.job)
-            self._work()
-        except Stopped:
-            pass
-        except PycaffeDistError as exc:
-            self._tell_master(str(exc))
-            raise
-        except Exception as exc:
-            self._tell_master("%s: %s" % (type(exc).__name__, exc))
-            raise
-        finally:
-            self.stopping.set()
-            try:
-                self.store.send_to_master({"type": "leave", "worker": self.id})
-                self.store.leave(self.id)
-            except StoreError:
-                pass
-        return self.stats
+    def _main(self):
+        self._work()
 
-    def _tell_master(self, text):
-        try:
-            self.store.send_to_master({"type": "error", "worker": self.id, "error": text[:2000]})
-        except StoreError:
-            pass
+    def _ready_line(self):
+        log.info("worker %s of Sandblaster job %s: ready", self.id, self.job)
+
+    def _leave(self):
+        self.store.send_to_master({"type": "leave", "worker": self.id})
+        super()._leave()

@@ -29,7 +29,6 @@ line and a snapshot of x, the last finite point. Inside a line search a point wh
 counts as a step too long.
 """
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -90,7 +89,7 @@ class Evaluation:
         self.loss, self.batches = 0.0, 0
 
 
-class SandblasterMaster:
+class SandblasterMaster(stop_signals.StopRequests):
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.settings = settings.check()
@@ -171,14 +170,6 @@ class SandblasterMaster:
         finally:
             restore()
         return self.summary()
-
-    def _request_stop(self, forced):
-        if forced:
-            raise KeyboardInterrupt
-        if self.stop_requested:
-            return
-        log.info("Stop requested: finishing (snapshot, test, stopping the workers)")
-        self.stop_requested = True
 
     def _wait_for_workers(self):
         while len(self.members) < self.settings.workers:
@@ -410,19 +401,8 @@ class SandblasterMaster:
     def _end(self, failed):
         """Tell the workers to stop, wait a little for them to go, write the stats, remove the job's keys."""
         try:
-            self.store.finish_job()
-            for worker in self.counts:
-                self.store.reply_to(worker, {"status": "stop"})
-            names = list(self.counts)
-            deadline = time.monotonic() + (2.0 if failed else 10.0)
-            while names and time.monotonic() < deadline:
-                names = [n for n, alive in zip(names, self.store.workers_alive(names)) if alive]
-                time.sleep(0.05)
-            if self.settings.stats_path:
-                with open(self.settings.stats_path, "w") as f:
-                    json.dump(self.summary(), f, indent=1)
-            if not self.settings.keep:
-                self.store.remove_job()
+            jobs.end_job(self.store, list(self.counts), list(self.counts), 2.0 if failed else 10.0,
+                         self.settings.stats_path, self.summary, self.settings.keep)
         except StoreError:
             if not failed:
                 raise

@@ -1,0 +1,137 @@
+"""What a process of a Sandblaster job (sandblaster.py's workers) or of a pipeline (pipeline.py's stages) does the
+same way: find the job and wait for its spec, beat its heart, take the master's control messages (stop, ack), give
+up when the job ends or its master is gone, and run in one frame that says ready, reports any failure to the master
+in one message, and leaves. A subclass names itself (`name`: its heartbeat and queue owner; `identity()`: how its
+messages to the master say who sent them) and does its work in `_build` and `_main`.
+
+The data-parallel workers (worker.py) meet the master differently (they join, pull and push the modes' way) and
+keep their own loop.
+"""
+import os
+import socket
+import threading
+import time
+
+from ..errors import PycaffeDistError, StoreError
+from . import job as jobs
+from .store import Store, local_address
+
+POLL_S = 0.5                    # seconds a wait for a message blocks before it checks on the job and its master
+MASTER_TIMEOUT_BEATS = 10       # heartbeats without the master before a process gives up
+
+
+class Stopped(Exception):
+    """The master said stop, or the job is done."""
+
+
+class JobProcess:
+    def __init__(self, urls, job, spec_kind, what, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0):
+        self.job = jobs.find_job(urls, job)
+        self.store = Store(urls, self.job, retry_s)
+        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, spec_kind, what)
+        self.heartbeat_s = float(self.spec["heartbeat_s"])
+        self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
+        self.stopping, self.error = threading.Event(), None
+        self.unacked = False            # a result of ours the master has not acknowledged yet
+        self.last_master = time.monotonic()
+
+    # --- what a subclass says --------------------------------------------------------------------------------------
+
+    name = None                         # the heartbeat's and the control queue's owner
+
+    def identity(self):
+        """The fields that name this process in its messages to the master, e.g. {"worker": "3"}."""
+        raise NotImplementedError
+
+    def _build(self):
+        """Everything before the process says it is ready (its nets, its state)."""
+
+    def _main(self):
+        """The work, until the master says stop (Stopped) or the job ends."""
+        raise NotImplementedError
+
+    def _ready_line(self):
+        """The log line once ready."""
+        raise NotImplementedError
+
+    def control_queue(self):
+        """Where the master's control messages to this process come (default: its own queue)."""
+        return self.name
+
+    def _leave(self):
+        self.store.leave(self.name)
+
+    # --- the master's messages ---------------------------------------------------------------------------------------
+
+    def _control(self, message):
+        """A control message: stop ends the process (Stopped), ack clears `unacked`; returns its status."""
+        status = message.get("status")
+        if status == "stop":
+            raise Stopped()
+        if status == "ack":
+            self.unacked = False
+        return status
+
+    def _poll_control(self):
+        """Every control message waiting, without waiting."""
+        while True:
+            message = self.store.next_reply(self.control_queue(), 0)
+            if message is None:
+                return
+            self._control(message)
+
+    def _check_master(self):
+        """Gives up when this process failed, the job is over or its master gone: called whenever a wait found
+        nothing."""
+        if self.error is not None:
+            raise self.error
+        if self.store.job_state() != "running":
+            raise Stopped()
+        if self.store.master_alive():
+            self.last_master = time.monotonic()
+        elif time.monotonic() - self.last_master > self.master_timeout_s:
+            raise StoreError("the master of job %s has not been seen for %.0f s" % (self.job, self.master_timeout_s))
+
+    def _beat(self):
+        while not self.stopping.wait(self.heartbeat_s / 4):
+            try:
+                self.store.worker_heartbeat(self.name, self.heartbeat_s)
+            except StoreError as exc:
+                self.error = exc
+                self.stopping.set()
+
+    # --- the frame ---------------------------------------------------------------------------------------------------
+
+    def run(self):
+        """Build, say ready, work until stopped; a failure goes to the master in one message and is raised."""
+        beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self.store.worker_heartbeat(self.name, self.heartbeat_s)
+        beat.start()
+        self.last_master = time.monotonic()
+        try:
+            self._build()
+            self.store.send_to_master(dict(self.identity(), type="ready", host=socket.gethostname(),
+                                           address=local_address(self.store.urls[0]), pid=os.getpid()))
+            self._ready_line()
+            self._main()
+        except Stopped:
+            pass
+        except PycaffeDistError as exc:
+            self._tell_master(str(exc))
+            raise
+        except Exception as exc:
+            self._tell_master("%s: %s" % (type(exc).__name__, exc))
+            raise
+        finally:
+            self.stopping.set()
+            try:
+                self._leave()
+            except StoreError:
+                pass
+        return self.stats
+
+    def _tell_master(self, text):
+        try:
+            self.store.send_to_master(dict(self.identity(), type="error", error=text[:2000]))
+        except StoreError:
+            pass

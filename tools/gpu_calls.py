@@ -1,0 +1,124 @@
+"""What one training iteration asks of the GPU, counted without one: the kernel launches, BLAS calls, memsets and
+copies of a forward+backward on the GPU code path, the reads that make the host wait for the GPU (downloads, dot,
+asum), and the host's own time to issue them all (Python, with the device doing nothing).
+
+    python tools/gpu_calls.py [--nets lenet,alexnet,resnet50,googlenet] [--iterations 3]
+
+The nets are bench/nets.py's, at its GPU batches. The device is the emulated one (backend/emulated.py) with every
+call counted and none carried out: the counts are the GPU path's, except that convolutions, pooling, LRN, softmax and
+the neurons run our kernels here where a real GPU runs cuDNN (one cuDNN call or a few per layer and pass instead).
+The host time excludes the driver's and cuBLAS's own cost per call (a few microseconds each on a real GPU): it says
+whether Python alone could keep a GPU busy, e.g. ResNet-50's host time against its GPU time per iteration.
+"""
+import argparse
+import collections
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "bench"))
+sys.path.insert(0, str(HERE.parent))
+
+WAITS = ("download", "dot", "asum")     # calls whose result the host reads: each waits for the GPU
+
+
+def counting_device():
+    from pycaffe_dist.backend import emulated
+
+    class CountingDevice(emulated.EmulatedDevice):
+        """Counts every call by kind and carries none out (memory is allocated as usual)."""
+        name = "counting device (nothing runs)"
+
+        def __init__(self):
+            super().__init__()
+            self.calls = collections.Counter()
+
+        def _check_launch(self, kernel, codes, n, args):
+            pass
+
+        def _launch(self, kernel, codes, n, values):
+            self.calls["kernel launches"] += 1
+
+        def _sgemm(self, *args):
+            self.calls["GEMM"] += 1
+
+        def _sgemm_batched(self, *args):
+            self.calls["GEMM"] += 1
+
+        def _sgemv(self, *args):
+            self.calls["GEMV"] += 1
+
+        def axpy(self, *args):
+            self.calls["axpy, scal"] += 1
+
+        def scal(self, *args):
+            self.calls["axpy, scal"] += 1
+
+        def dot(self, *args):
+            self.calls["dot"] += 1
+            return 0.0
+
+        def asum(self, *args):
+            self.calls["asum"] += 1
+            return 0.0
+
+        def upload(self, dst, host, stream=None):
+            self.calls["uploads"] += 1
+
+        def download(self, src, host, stream=None):
+            self.calls["download"] += 1
+            host[...] = 0
+
+        def copy(self, dst, src, stream=None):
+            self.calls["memsets, copies"] += 1
+
+        def memset(self, array, byte):
+            self.calls["memsets, copies"] += 1
+    return CountingDevice()
+
+
+def measure(net_name, iterations):
+    import nets as bench_nets
+    from pycaffe_dist import common
+    from pycaffe_dist.backend import select
+    from pycaffe_dist.net.net import Net
+    from pycaffe_dist.proto import caffe_pb2
+    dev = select.use(counting_device())
+    common.set_mode_gpu()
+    net = Net(bench_nets._net_param(net_name), phase=caffe_pb2.TRAIN)
+    bench_nets._random_inputs(net)
+
+    def step():
+        net.clear_param_diffs()
+        net.forward_backward()
+    for _ in range(2):      # the first uploads the inputs and makes the buffers
+        step()
+    dev.calls.clear()
+    started = time.perf_counter()
+    for _ in range(iterations):
+        step()
+    host_ms = 1000.0 * (time.perf_counter() - started) / iterations
+    per = {kind: count / iterations for kind, count in dev.calls.items()}
+    per["host waits"] = sum(per.pop(kind, 0) for kind in WAITS)
+    fused = sum(f.forward_fused for f in net._fusions.values())
+    return per, host_ms, fused
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="lenet,alexnet,resnet50,googlenet")
+    ap.add_argument("--iterations", type=int, default=3)
+    args = ap.parse_args()
+    columns = ("kernel launches", "GEMM", "GEMV", "axpy, scal", "memsets, copies", "host waits")
+    print("| net | " + " | ".join(columns) + " | all calls | BatchNorm+Scale fused | host ms / iteration |")
+    print("|---|" + "---:|" * (len(columns) + 3))
+    for name in args.nets.split(","):
+        per, host_ms, fused = measure(name, args.iterations)
+        total = sum(v for k, v in per.items() if k != "uploads")
+        print("| %s | %s | %d | %d | %.2f |" % (name, " | ".join("%d" % per.get(c, 0) for c in columns), total, fused,
+                                               host_ms))
+
+
+if __name__ == "__main__":
+    main()
