@@ -5,7 +5,7 @@ in one message, and leaves. A subclass names itself (`name`: its heartbeat and q
 messages to the master say who sent them) and does its work in `_build` and `_main`.
 
 The data-parallel workers (worker.py) meet the master differently (they join, pull and push the modes' way) and
-keep their own loop.
+keep their own loop; they share the heartbeat (beat).
 """
 import os
 import socket
@@ -18,6 +18,17 @@ from .store import Store, local_address
 
 POLL_S = 0.5                    # seconds a wait for a message blocks before it checks on the job and its master
 MASTER_TIMEOUT_BEATS = 10       # heartbeats without the master before a process gives up
+
+
+def beat(process, name):
+    """A process's heartbeat thread (worker.py's too): renew heartbeat `name` four times a heartbeat until
+    process.stopping is set; a store that fails sets process.error and stops the process."""
+    while not process.stopping.wait(process.heartbeat_s / 4):
+        try:
+            process.store.worker_heartbeat(name, process.heartbeat_s)
+        except StoreError as exc:
+            process.error = exc
+            process.stopping.set()
 
 
 class Stopped(Exception):
@@ -93,12 +104,7 @@ class JobProcess:
             raise StoreError("the master of job %s has not been seen for %.0f s" % (self.job, self.master_timeout_s))
 
     def _beat(self):
-        while not self.stopping.wait(self.heartbeat_s / 4):
-            try:
-                self.store.worker_heartbeat(self.name, self.heartbeat_s)
-            except StoreError as exc:
-                self.error = exc
-                self.stopping.set()
+        beat(self, self.name)
 
     # --- the frame ---------------------------------------------------------------------------------------------------
 

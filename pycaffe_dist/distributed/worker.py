@@ -24,6 +24,7 @@ from ..backend import select
 from ..errors import StoreError
 from ..solver.solver import Solver
 from . import job as jobs
+from . import job_process
 from .broadcast import WorkerUpdates
 from .compression import Damaged, ErrorFeedback, format_of
 from .modes import MODES
@@ -122,12 +123,7 @@ class Worker:
     # --- heartbeats and messages -----------------------------------------------------------------------------
 
     def _beat(self):
-        while not self.stopping.wait(self.heartbeat_s / 4):
-            try:
-                self.store.worker_heartbeat(self.id, self.heartbeat_s)
-            except StoreError as exc:
-                self.error = exc
-                self.stopping.set()
+        job_process.beat(self, self.id)
 
     def _send_and_await(self, message, accept):
         """Send `message` to the master and return the next reply `accept` takes (others are stale and skipped);
