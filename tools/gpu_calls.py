@@ -79,8 +79,8 @@ def measure(net_name, iterations):
     host_ms = 1000.0 * (time.perf_counter() - started) / iterations
     per = {kind: count / iterations for kind, count in dev.calls.items()}
     per["host waits"] = sum(per.pop(kind, 0) for kind in WAITS)
-    fused = sum(f.forward_fused for f in net._fusions.values())
-    return per, host_ms, fused
+    fused = [f.forward_fused for f in net._fusions.values() if f.forward_fused]
+    return per, host_ms, "%d (%d layers)" % (len(fused), sum(fused))
 
 
 def main():
@@ -89,12 +89,12 @@ def main():
     ap.add_argument("--iterations", type=int, default=3)
     args = ap.parse_args()
     columns = ("kernel launches", "GEMM", "GEMV", "axpy, scal", "memsets, copies", "host waits")
-    print("| net | " + " | ".join(columns) + " | all calls | BatchNorm+Scale fused | host ms / iteration |")
+    print("| net | " + " | ".join(columns) + " | all calls | BatchNorm+Scale(+ReLU) fused | host ms / iteration |")
     print("|---|" + "---:|" * (len(columns) + 3))
     for name in args.nets.split(","):
         per, host_ms, fused = measure(name, args.iterations)
         total = sum(v for k, v in per.items() if k not in ("uploads", "argument checks"))
-        print("| %s | %s | %d | %d | %.2f |" % (name, " | ".join("%d" % per.get(c, 0) for c in columns), total, fused,
+        print("| %s | %s | %d | %s | %.2f |" % (name, " | ".join("%d" % per.get(c, 0) for c in columns), total, fused,
                                                host_ms))
 
 

@@ -200,36 +200,79 @@ PCD_KERNEL void batch_norm_normalize(const int n, const float* x, const float* m
   }
 }
 
-// BatchNorm and the in-place Scale after it in one pass (net/gpu_fusion.py): x_norm = (x - mean[c]) / std[c] (kept:
-// the backward's, and the Scale's input), then y = x_norm * scale[c] (+ bias[c] where has_bias). y may be x;
-// x_norm may be y (nothing to keep): it is written first.
+// ReLU with slope 0, as relu_forward computes it (neuron.cu): max(v, 0) + 0 * min(v, 0), so a NaN stays NaN.
+PCD_DEVICE float relu0(const float v) { return (v < 0.0f ? 0.0f : v) + 0.0f * (0.0f < v ? 0.0f : v); }
+
+// The Scale's output for x_norm v in channel c: v * scale[c] (+ bias[c] where has_bias). The fused backward
+// recomputes it from the kept x_norm to know where the ReLU let the gradient through: the same float operations on
+// the same values, so the same bits as the forward's.
+PCD_DEVICE float scaled_value(const float v, const float* scale, const float* bias, const int has_bias, const int c) {
+  return has_bias ? v * scale[c] + bias[c] : v * scale[c];
+}
+
+// BatchNorm and the in-place Scale after it (and the in-place ReLU after that, where relu) in one pass
+// (net/gpu_fusion.py): x_norm = (x - mean[c]) / std[c] (kept: the backward's, and the Scale's input), then
+// y = x_norm * scale[c] (+ bias[c]), through the ReLU where relu. y may be x; x_norm may be y (nothing to keep): it
+// is written first.
 PCD_KERNEL void batch_norm_scale_normalize(const int n, const float* x, const float* mean, const float* std_dev,
-                                           const float* scale, const float* bias, const int has_bias,
+                                           const float* scale, const float* bias, const int has_bias, const int relu,
                                            const int channels, const int inner, float* x_norm, float* y) {
   CUDA_KERNEL_LOOP(i, n) {
     const int c = (i / inner) % channels;
     const float v = (x[i] - mean[c]) / std_dev[c];
     x_norm[i] = v;
-    y[i] = has_bias ? v * scale[c] + bias[c] : v * scale[c];
+    const float t = scaled_value(v, scale, bias, has_bias, c);
+    y[i] = relu ? relu0(t) : t;
   }
 }
 
-// The pair's dx from the Scale's sums of dy (sum_dy) and dy * x_norm (sum_dyy): the BatchNorm's backward of the
-// Scale's bottom diff dy * scale, whose sums are scale times these, in norm_backward's operation order:
-// dx = (dy * s + neg_inv_m * (y * (s * sum_dyy) + s * sum_dy)) / std; with the stored statistics dx = dy * s / std.
-// dx may be dy.
+// The ReLU's backward inside the fused backward: dy where the Scale's output was positive, else dy * 0
+// (relu_backward's arithmetic: a NaN gradient stays NaN).
+PCD_DEVICE float relu_gradient(const float dy, const float v, const float* scale, const float* bias,
+                               const int has_bias, const int c) {
+  return dy * (scaled_value(v, scale, bias, has_bias, c) > 0.0f ? 1.0f : 0.0f);
+}
+
+// channel_sums_parts for the fused BatchNorm + Scale + ReLU: a = the ReLU's bottom diff (dy through the ReLU, from
+// the kept x_norm b), so part_a sums it and part_ab sums it times x_norm.
+PCD_KERNEL void channel_sums_relu_parts(const int n, const float* dy, const float* x_norm, const float* scale,
+                                        const float* bias, const int has_bias, const int channels, const int inner,
+                                        const int m, const int parts, float* part_a, float* part_ab) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int c = index / parts, p = index % parts;
+    ChannelWalk w = channel_walk(c, p, channels, inner, parts);
+    float sum_a = 0, sum_ab = 0;
+    for (int k = p; k < m; k += parts, walk_next(w)) {
+      const long long at = walk_offset(w);
+      const float v = x_norm[at];
+      const float g = relu_gradient(dy[at], v, scale, bias, has_bias, c);
+      sum_a += g;
+      sum_ab += g * v;
+    }
+    part_a[index] = sum_a;
+    part_ab[index] = sum_ab;
+  }
+}
+
+// The pair's dx from the Scale's sums of dy and dy * x_norm (sum_dy, sum_dyy; dy through the ReLU where relu):
+// the BatchNorm's backward of the Scale's bottom diff dy * scale, whose sums are scale times these, in
+// norm_backward's operation order: dx = (dy * s + neg_inv_m * (y * (s * sum_dyy) + s * sum_dy)) / std; with the
+// stored statistics dx = dy * s / std. dx may be dy.
 PCD_KERNEL void batch_norm_scale_backward(const int n, const float* top_diff, const float* x_norm,
                                           const float* sum_dyy, const float* sum_dy, const float* scale,
+                                          const float* bias, const int has_bias, const int relu,
                                           const float* std_dev, const int global_stats, const int channels,
                                           const int inner, const float neg_inv_m, float* bottom_diff) {
   CUDA_KERNEL_LOOP(i, n) {
     const int c = (i / inner) % channels;
     const float s = scale[c];
-    const float scaled = top_diff[i] * s;
+    const float v = x_norm[i];
+    const float dy = relu ? relu_gradient(top_diff[i], v, scale, bias, has_bias, c) : top_diff[i];
+    const float scaled = dy * s;
     if (global_stats) {
       bottom_diff[i] = scaled / std_dev[c];
     } else {
-      const float t = x_norm[i] * (s * sum_dyy[c]) + s * sum_dy[c];
+      const float t = v * (s * sum_dyy[c]) + s * sum_dy[c];
       bottom_diff[i] = (scaled + neg_inv_m * t) / std_dev[c];
     }
   }

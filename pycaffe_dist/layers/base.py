@@ -172,6 +172,11 @@ class Layer:
         return array
 
 
+    def adopt_buffer(self, name, array, device=True):
+        """Keep `array` under `name` as if buffer() had made it (another layer's array, shared: net/gpu_fusion.py
+        gives a fused Scale the BatchNorm's x_norm as its kept input)."""
+        self._buffers[(name, bool(device))] = (select.current() if device else None, array)
+
 # --- helpers shared by the layer modules ------------------------------------------------------------------
 
 def checked_axis(layer, axis, num_axes, what="axis"):

@@ -44,10 +44,11 @@ def _fold(layer, kernel, arrays, channels, parts):
     return arrays, parts
 
 
-def sums(layer, a, b, dims, out_a=None, out_ab=None, beta_a=0.0, beta_ab=0.0):
+def sums(layer, a, b, dims, out_a=None, out_ab=None, beta_a=0.0, beta_ab=0.0, relu=None):
     """out_a[c] = beta_a * out_a[c] + the sum of a over channel c of dims = (outer, channels, inner), and
     out_ab[c] likewise for a * b (b may be a: sums of squares). An output given as None is not kept. A beta of 0
-    assigns (the output is not read), 1 accumulates, as Caffe's GEMV's beta."""
+    assigns (the output is not read), 1 accumulates, as Caffe's GEMV's beta. relu = (scale, bias, has_bias): a is
+    a ReLU's top diff and b the x_norm under it, and a is taken through the ReLU first (net/gpu_fusion.py)."""
     outer, channels, inner = dims
     if channels == 0:
         return
@@ -55,7 +56,11 @@ def sums(layer, a, b, dims, out_a=None, out_ab=None, beta_a=0.0, beta_ab=0.0):
     m = outer * inner
     parts = parts_for(channels, m)
     part_a, part_ab = _scratch(layer, "parts", 2, channels * parts)
-    dev.launch("channel_sums_parts", channels * parts, a, b, channels, max(inner, 1), m, parts, part_a, part_ab)
+    if relu is None:
+        dev.launch("channel_sums_parts", channels * parts, a, b, channels, max(inner, 1), m, parts, part_a, part_ab)
+    else:
+        dev.launch("channel_sums_relu_parts", channels * parts, a, b, *relu, channels, max(inner, 1), m, parts,
+                   part_a, part_ab)
     (part_a, part_ab), parts = _fold(layer, "channel_sums_fold", [part_a, part_ab], channels, parts)
     if out_a is None:
         out_a, beta_a = layer.buffer("channel_unused_a", channels, device=True), 0.0

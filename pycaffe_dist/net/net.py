@@ -135,6 +135,7 @@ class Net:
                     blob_need_backward[i] = True
         self._prune_backward(force=self.param.force_backward)
         self._fusions = gpu_fusion.find(self)
+        self._fusion_members = {i: f for f in self._fusions.values() for i in range(f.bn_id, f.bn_id + 2 + f.relu)}
         # net.cpp lists the outputs from a std::set<string>: in byte-wise order of their names
         outputs = sorted({n for n in self.blob_names if n in available}, key=lambda n: n.encode())
         self.output_ids = [self._blob_index[n] for n in outputs]
@@ -305,11 +306,14 @@ class Net:
             layer = self.layers[layer_id]
             bottom, top = self._vecs(layer_id)
             self._reshape_layer(layer_id, layer, bottom, top)
-            if gpu and self._fused_forward(layer_id, end, bottom, top):
-                for done in (layer_id, layer_id + 1):
+            fused = self._fused_forward(layer_id, end) if gpu else 0
+            if fused:
+                for done in range(layer_id, layer_id + fused):
                     loss = self._after_forward(done, loss)
-                layer_id += 2
+                layer_id += fused
                 continue
+            if layer_id in self._fusion_members:        # run alone: its run's next backward is not fused
+                self._fusion_members[layer_id].forward_fused = None
             # A layer without GPU code runs its CPU code on the host copies, as Caffe's Forward_gpu falls back.
             if gpu and layer.forward_gpu is not None:
                 layer.forward_gpu(bottom, top)
@@ -319,20 +323,22 @@ class Net:
             layer_id += 1
         return 0.0 if loss is None else float(loss)
 
-    def _fused_forward(self, layer_id, end, bottom, top):
-        """Run layer_id and the next as one on the GPU (net/gpu_fusion.py) where they are a pair that may be fused
-        and both are in the range; whether it did."""
+    def _fused_forward(self, layer_id, end):
+        """Run layer_id and the next one or two as one on the GPU (net/gpu_fusion.py) where they may be fused and
+        are in the range; how many layers that ran (0: none, the layer runs alone)."""
         fusion = self._fusions.get(layer_id)
         if fusion is None:
-            return False
-        fusion.forward_fused = False
-        if layer_id + 1 > end:
-            return False
-        self._reshape_layer(layer_id + 1, fusion.scale, *self._vecs(layer_id + 1))
+            return 0
+        fusion.forward_fused = None
+        layers = fusion.layers_in(end)
+        if not layers or self.debug_info:
+            return 0
+        for next_id in range(layer_id + 1, layer_id + layers):
+            self._reshape_layer(next_id, self.layers[next_id], *self._vecs(next_id))
         if not fusion.fits():
-            return False
-        fusion.forward(bottom, top)
-        return True
+            return 0
+        fusion.forward(self._vecs(layer_id)[1][0], layers)
+        return layers
 
     def _after_forward(self, layer_id, loss):
         """A layer's forward is done: its debug line, and its weighted losses added to `loss`."""
@@ -352,11 +358,9 @@ class Net:
         gpu = select.active() if gpu is None else gpu
         layer_id = start
         while layer_id >= end:
-            if gpu and layer_id - 1 >= end and self._fused_backward(layer_id - 1):
-                if self.debug_info:
-                    debug_log.backward(self, layer_id)
-                    debug_log.backward(self, layer_id - 1)
-                layer_id -= 2
+            fused = self._fused_backward(layer_id, end) if gpu else 0
+            if fused:
+                layer_id -= fused
                 continue
             if self.layer_need_backward[layer_id]:
                 bottom, top = self._vecs(layer_id)
@@ -369,14 +373,19 @@ class Net:
                     debug_log.backward(self, layer_id)
             layer_id -= 1
 
-    def _fused_backward(self, layer_id):
-        """The backward of layer_id and the next as one, where their last forward was (net/gpu_fusion.py)."""
-        fusion = self._fusions.get(layer_id)
-        if fusion is None or not fusion.forward_fused or not self.layer_need_backward[layer_id + 1]:
-            return False
-        bottom, top = self._vecs(layer_id)
-        fusion.backward(top, self.layer_need_backward[layer_id] and self.bottom_need_backward[layer_id][0], bottom)
-        return True
+    def _fused_backward(self, layer_id, end):
+        """The backward of the fused layers that end at layer_id, as their last forward ran them
+        (net/gpu_fusion.py), where the range holds them all; how many layers that was (0: none)."""
+        for layers in (3, 2):
+            fusion = self._fusions.get(layer_id - layers + 1)
+            if fusion is not None and fusion.forward_fused == layers and fusion.bn_id >= end:
+                if not self.layer_need_backward[fusion.scale_id]:
+                    return 0
+                bn_id = fusion.bn_id
+                fusion.backward(self._vecs(bn_id)[1][0],
+                                self.layer_need_backward[bn_id] and self.bottom_need_backward[bn_id][0])
+                return layers
+        return 0
 
     def forward_backward(self):
         """Caffe's ForwardBackward: its Backward, unlike BackwardFromTo, ends with the norms of all params."""

@@ -1,6 +1,7 @@
-"""BatchNorm + in-place Scale run as one on the GPU (pycaffe_dist/net/gpu_fusion.py): the same outputs and gradients
-as the CPU path and as the two layers run apart on the GPU, for every phase and setting of the pair; which pairs are
-fused and which are not; a range that ends between the two sees the BatchNorm's own output."""
+"""BatchNorm + in-place Scale (+ in-place ReLU) run as one on the GPU (pycaffe_dist/net/gpu_fusion.py): the same
+outputs and gradients as the CPU path and as the layers run apart on the GPU, for every phase and setting of the run;
+which runs are fused and which are not; a range that ends between them sees each layer's own output; a backward
+layer by layer after a fused forward."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -13,10 +14,12 @@ BATCH = 4
 
 
 def net_text(bn="", scale="scale_param { bias_term: true }", scale_param_spec="", bn_on_data=False,
-             scale_in_place=True, batch=BATCH):
-    """Input -> Convolution -> BatchNorm -> Scale -> ReLU -> InnerProduct -> SoftmaxWithLoss, ResNet's pattern."""
+             scale_in_place=True, batch=BATCH, relu="", bn_in_place=True, fused=3):
+    """Input -> Convolution -> BatchNorm -> Scale -> ReLU -> InnerProduct -> SoftmaxWithLoss, ResNet's pattern.
+    fused: how many layers the settings let run as one (what the test expects; the text does not use it)."""
     source = "data" if bn_on_data else "conv"
-    scale_top = source if scale_in_place else "scaled"
+    bn_top = source if bn_in_place else "normed"
+    scale_top = bn_top if scale_in_place else "scaled"
     conv = "" if bn_on_data else '''
 layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
         convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }'''
@@ -25,12 +28,12 @@ layer { name: "input" type: "Input" top: "data" top: "label"
         input_param { shape { dim: %d dim: 3 dim: 6 dim: 5 } shape { dim: %d } } }%s
 layer { name: "bn" type: "BatchNorm" bottom: "%s" top: "%s" %s }
 layer { name: "scale" type: "Scale" bottom: "%s" top: "%s" %s %s }
-layer { name: "relu" type: "ReLU" bottom: "%s" top: "%s" }
+layer { name: "relu" type: "ReLU" bottom: "%s" top: "%s" %s }
 layer { name: "fc" type: "InnerProduct" bottom: "%s" top: "fc"
         inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
-''' % (batch, batch, conv, source, source, bn, source, scale_top, scale_param_spec, scale, scale_top, scale_top,
-       scale_top)
+''' % (batch, batch, conv, source, bn_top, bn, bn_top, scale_top, scale_param_spec, scale, scale_top, scale_top,
+       relu, scale_top)
 
 
 def build(text, phase=caffe_pb2.TRAIN):
@@ -53,7 +56,7 @@ def scale_params(net, seed=5):
         blob.diff[...] = rng.standard_normal(blob.shape)
 
 
-def run(text, gpu_on, fused=True, phase=caffe_pb2.TRAIN, passes=2, clear=False):
+def run(text, gpu_on, fused=True, phase=caffe_pb2.TRAIN, passes=2, clear=False, layer_by_layer=False):
     """forward_backward `passes` times on one path; returns the net. fused=False runs the pair apart."""
     if gpu_on:
         common.set_mode_gpu()
@@ -68,7 +71,12 @@ def run(text, gpu_on, fused=True, phase=caffe_pb2.TRAIN, passes=2, clear=False):
             feed(net)
             if clear:
                 net.clear_param_diffs()
-            net.forward_backward()
+            if layer_by_layer:      # a fused forward, then each layer's backward alone
+                net.forward_from_to()
+                for i in reversed(range(len(net.layers))):
+                    net.backward_from_to(i, i)
+            else:
+                net.forward_backward()
         return net
     finally:
         common.set_mode_gpu()
@@ -89,29 +97,38 @@ def tolerance(dev):
 
 SETTINGS = [
     dict(),
+    dict(relu="relu_param { negative_slope: 0.1 }", fused=2),           # a leaky ReLU runs apart
     dict(scale=""),                                                     # no bias
     dict(bn="batch_norm_param { use_global_stats: true }"),             # frozen statistics, fine-tuning
     dict(bn="batch_norm_param { moving_average_fraction: 0.9 eps: 1e-3 }"),
     dict(scale_param_spec="param { lr_mult: 0 } param { lr_mult: 0 }"),  # a frozen Scale: no parameter gradients
-    dict(bn_on_data=True),                                              # no gradient below the pair
+    dict(bn_on_data=True, fused=0),                                     # no gradient below, the Scale's is kept
     dict(batch=1),                                                      # the Scale assigns its gradient (outer 1)
 ]
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=[str(i) for i in range(len(SETTINGS))])
-def test_fused_pair_equals_the_cpu_and_the_pair_apart(gpu, setting):
+def test_fused_layers_equal_the_cpu_and_the_layers_apart(gpu, setting):
     text = net_text(**setting)
     fused = run(text, True)
-    assert list(fused._fusions) == [fused.layer_index("bn")]
-    assert fused._fusions[fused.layer_index("bn")].forward_fused
+    runs = list(fused._fusions.values())
+    assert [f.forward_fused for f in runs] == ([setting.get("fused", 3)] if setting.get("fused", 3) else [])
     compare(fused, run(text, False), tolerance(gpu))
     compare(fused, run(text, True, fused=False), tolerance(gpu))
 
 
+@pytest.mark.parametrize("setting", [dict(), dict(relu="relu_param { negative_slope: 0.1 }")], ids=["3", "2"])
+def test_a_backward_layer_by_layer_after_a_fused_forward(gpu, setting):
+    """The Scale alone takes the BatchNorm's x_norm as its input (the fused forward kept no copy of its own)."""
+    text = net_text(**setting)
+    compare(run(text, True, layer_by_layer=True), run(text, False), tolerance(gpu))
+
+
 def test_the_fused_forward_keeps_no_copy_for_the_scale(gpu):
     net = run(net_text(), True)
-    scale = net.layers[net.layer_index("scale")]
-    assert not any(name == "saved" for name, _ in scale._buffers)
+    scale, bn = net.layers[net.layer_index("scale")], net.layers[net.layer_index("bn")]
+    # its input, should its backward run alone, is the BatchNorm's x_norm itself
+    assert scale.buffer("saved", device=True).ptr == bn.buffer("x_norm", device=True).ptr
 
 
 @pytest.mark.parametrize("phase", [caffe_pb2.TRAIN, caffe_pb2.TEST])
@@ -130,7 +147,7 @@ def test_a_forward_only_run(gpu, phase):
     dev.forward_from_to()
     for a, b, name in zip(dev.blob_list, cpu.blob_list, dev.blob_names):
         np.testing.assert_allclose(a.data, b.data, err_msg=name, **tolerance(gpu))
-    assert dev._fusions[dev.layer_index("bn")].forward_fused
+    assert dev._fusions[dev.layer_index("bn")].forward_fused == 3
 
 
 def test_a_range_that_ends_at_the_batchnorm_sees_its_own_output(gpu):
@@ -144,14 +161,24 @@ def test_a_range_that_ends_at_the_batchnorm_sees_its_own_output(gpu):
         net.forward_from_to(0, net.layer_index("bn"))
         outputs.append(net.blob_by_name("conv").data.copy())
         assert not any(f.forward_fused for f in net._fusions.values())
+        if on_gpu:          # and a range that ends at the Scale fuses the pair without the ReLU
+            net.forward_from_to(0, net.layer_index("scale"))
+            assert net._fusions[net.layer_index("bn")].forward_fused == 2
     np.testing.assert_allclose(outputs[1], outputs[0], **tolerance(gpu))
     # normalised per channel: mean 0, variance 1 (the Scale did not run)
     np.testing.assert_allclose(outputs[1].mean(axis=(0, 2, 3)), 0, atol=1e-5)
 
 
-def test_pairs_that_are_not_fused(gpu):
-    # the Scale writes another blob: the BatchNorm's output stays visible
+def test_runs_that_are_not_fused(gpu):
+    # the Scale writes another blob, or the BatchNorm does: their outputs stay visible
     assert build(net_text(scale_in_place=False))._fusions == {}
+    assert build(net_text(bn_in_place=False))._fusions == {}
+    # the net prints each layer's output
+    net = build(net_text())
+    net.debug_info = True
+    feed(net)
+    net.forward_backward()
+    assert not net._fusions[net.layer_index("bn")].forward_fused
     # a Scale of another axis than the channels'
     net = build(net_text(scale="scale_param { axis: 0 num_axes: 1 }"))
     assert list(net._fusions) == [net.layer_index("bn")]
