@@ -25,7 +25,8 @@ Layers are fused only where nothing can tell:
 - the layers' bottoms need a gradient alike (a BatchNorm on the data, whose Scale still computes its bottom diff, is
   not fused);
 - the range run (Net.forward_from_to / backward_from_to) holds all of them, so that a run that ends between them
-  (pycaffe's forward(end=...), `dist_caffe time`'s layer by layer, a pipeline cut) sees each layer's own output;
+  (pycaffe's forward(end=...), a pipeline cut) sees each layer's own output (`dist_caffe time` times such layers
+  together, as a training iteration runs them: net/timing.py);
 - the net prints no debug info (which shows each layer's output).
 A backward is fused as its forward was. After a fused forward the Scale's kept input is the BatchNorm's x_norm
 (shared, not copied), so a backward run layer by layer is right too.

@@ -27,34 +27,52 @@ class LayerClock:
         return 1000.0 * (time.perf_counter() - self._start)
 
 
+def steps(net, gpu):
+    """The (first, last) layer ranges timed one at a time: each layer alone, except on the GPU the layers that run
+    as one there (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU)), timed together as in a training iteration."""
+    runs = {}
+    if gpu:
+        for bn_id, fusion in net._fusions.items():
+            runs[bn_id] = bn_id + fusion.layers_in(len(net.layers) - 1) - 1
+    ranges, i = [], 0
+    while i < len(net.layers):
+        ranges.append((i, runs.get(i, i)))
+        i = ranges[-1][1] + 1
+    return ranges
+
+
 def time_net(net, iterations=50, progress=None):
-    """Run one warm-up forward+backward, then `iterations` timed ones, layer by layer.
+    """Run one warm-up forward+backward, then `iterations` timed ones, layer by layer (on the GPU, layers that run
+    as one there are timed as one: the time is the first's, the others' is 0; "fused" counts those layers).
 
     Returns a dict: initial_loss, per-iteration totals (ms), and per layer the mean forward and backward ms.
     Layers that need no backward are not run backward (Caffe runs them and they do nothing)."""
     n = len(net.layers)
     forward_ms, backward_ms = np.zeros(n), np.zeros(n)
-    clock = LayerClock(select.active())
+    gpu = select.active()
+    clock = LayerClock(gpu)
+    ranges = steps(net, gpu)
     initial_loss = net.forward_backward()
     prefetchers = [layer.prefetcher for layer in net.layers if hasattr(layer, "prefetcher")]
     waited_before = sum(p.wait_s for p in prefetchers)
     totals = []
     for it in range(iterations):
         start = time.perf_counter()
-        for i in range(n):
+        for first, last in ranges:
             clock.start()
-            net.forward_from_to(i, i)
-            forward_ms[i] += clock.stop_ms()
-        for i in range(n - 1, -1, -1):
+            net.forward_from_to(first, last)
+            forward_ms[first] += clock.stop_ms()
+        for first, last in reversed(ranges):
             clock.start()
-            net.backward_from_to(i, i)
-            backward_ms[i] += clock.stop_ms()
+            net.backward_from_to(last, first)
+            backward_ms[first] += clock.stop_ms()
         totals.append(1000.0 * (time.perf_counter() - start))
         if progress is not None:
             progress(it + 1, totals[-1])
     scale = 1.0 / max(1, iterations)
     data_wait_ms = (sum(p.wait_s for p in prefetchers) - waited_before) * 1000.0 * scale if prefetchers else None
     return {"initial_loss": initial_loss, "iteration_ms": totals, "data_wait_ms": data_wait_ms,
+            "fused": sum(last - first for first, last in ranges),
             "layers": [(name, layer.param.type, f * scale, b * scale)
                        for name, layer, f, b in zip(net.layer_names, net.layers, forward_ms, backward_ms)]}
 
@@ -77,6 +95,9 @@ def format_timings(result):
         share = 100.0 * result["data_wait_ms"] / max(1e-9, sum(totals) / max(1, len(totals)))
         lines.append("Average wait for prefetched data: %.4f ms (%.1f%% of forward-backward)."
                      % (result["data_wait_ms"], share))
+    if result.get("fused"):
+        lines.append("%d layers ran fused into the BatchNorm before them, as in training on the GPU: their time is "
+                     "on its line." % result["fused"])
     lines.append(format_by_type(result))
     return "\n".join(lines)
 

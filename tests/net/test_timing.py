@@ -67,3 +67,22 @@ def test_the_summary_by_layer_type():
     assert "Average time per layer type (forward + backward):" in text
     line = next(l for l in text.splitlines() if l.strip().startswith("Convolution"))
     assert "2 layers" in line and "(87.5%)" in line
+
+
+FUSED_NET = NET.replace('''layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }''', '''layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }''')
+
+
+def test_gpu_mode_times_fused_layers_as_one(emulated_gpu):
+    """BatchNorm + Scale + ReLU run as one on the GPU in training: timed so, on the BatchNorm's line."""
+    net = Net(text_format.Parse(FUSED_NET, caffe_pb2.NetParameter()), phase=caffe_pb2.TRAIN)
+    bn = net.layer_index("bn")
+    assert timing.steps(net, gpu=True)[bn] == (bn, bn + 2)
+    assert timing.steps(net, gpu=False)[bn] == (bn, bn)
+    result = timing.time_net(net, iterations=2)
+    assert result["fused"] == 2
+    assert net._fusions[bn].forward_fused == 3
+    times = {name: (f, b) for name, _, f, b in result["layers"]}
+    assert times["scale"] == times["relu"] == (0.0, 0.0) and times["bn"][0] > 0
+    assert "2 layers ran fused into the BatchNorm" in timing.format_timings(result)
