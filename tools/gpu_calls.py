@@ -79,7 +79,7 @@ def measure(net_name, iterations):
     host_ms = 1000.0 * (time.perf_counter() - started) / iterations
     per = {kind: count / iterations for kind, count in dev.calls.items()}
     per["host waits"] = sum(per.pop(kind, 0) for kind in WAITS)
-    fused = [f.forward_fused for f in net._fusions.values() if f.forward_fused]
+    fused = [f.forward_fused for f in net.fusions.values() if f.forward_fused]
     return per, host_ms, "%d (%d layers)" % (len(fused), sum(fused))
 
 

@@ -16,7 +16,7 @@ the sums, read dy and write dx; BatchNorm: read dy and x_norm for its sums, read
   same bits), and dy is taken through it in both passes.
 
 The arithmetic is the layers' up to rounding (gamma multiplies the sums instead of dy before they are summed):
-tests/gpu/test_gpu_fusion.py compares with the layers run apart, on the GPU and the CPU. The CPU path never fuses.
+tests/gpu/test_gpu_fusion_gpu.py compares with the layers run apart, on the GPU and the CPU. The CPU path never fuses.
 
 Layers are fused only where nothing can tell:
 - the BatchNorm is in place, the Scale is the next layer, in place, with one bottom and a per-channel scale (and

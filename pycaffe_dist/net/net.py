@@ -134,8 +134,8 @@ class Net:
                 for i in tops:
                     blob_need_backward[i] = True
         self._prune_backward(force=self.param.force_backward)
-        self._fusions = gpu_fusion.find(self)
-        self._fusion_members = {i: f for f in self._fusions.values() for i in range(f.bn_id, f.bn_id + 2 + f.relu)}
+        self.fusions = gpu_fusion.find(self)      # {BatchNorm id: the layers from it the GPU may run as one}
+        self._fusion_members = {i: f for f in self.fusions.values() for i in range(f.bn_id, f.bn_id + 2 + f.relu)}
         # net.cpp lists the outputs from a std::set<string>: in byte-wise order of their names
         outputs = sorted({n for n in self.blob_names if n in available}, key=lambda n: n.encode())
         self.output_ids = [self._blob_index[n] for n in outputs]
@@ -326,7 +326,7 @@ class Net:
     def _fused_forward(self, layer_id, end):
         """Run layer_id and the next one or two as one on the GPU (net/gpu_fusion.py) where they may be fused and
         are in the range; how many layers that ran (0: none, the layer runs alone)."""
-        fusion = self._fusions.get(layer_id)
+        fusion = self.fusions.get(layer_id)
         if fusion is None:
             return 0
         fusion.forward_fused = None
@@ -377,7 +377,7 @@ class Net:
         """The backward of the fused layers that end at layer_id, as their last forward ran them
         (net/gpu_fusion.py), where the range holds them all; how many layers that was (0: none)."""
         for layers in (3, 2):
-            fusion = self._fusions.get(layer_id - layers + 1)
+            fusion = self.fusions.get(layer_id - layers + 1)
             if fusion is not None and fusion.forward_fused == layers and fusion.bn_id >= end:
                 if not self.layer_need_backward[fusion.scale_id]:
                     return 0

@@ -32,7 +32,7 @@ def steps(net, gpu):
     as one there (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU)), timed together as in a training iteration."""
     runs = {}
     if gpu:
-        for bn_id, fusion in net._fusions.items():
+        for bn_id, fusion in net.fusions.items():
             runs[bn_id] = bn_id + fusion.layers_in(len(net.layers) - 1) - 1
     ranges, i = [], 0
     while i < len(net.layers):

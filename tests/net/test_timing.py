@@ -82,7 +82,7 @@ def test_gpu_mode_times_fused_layers_as_one(emulated_gpu):
     assert timing.steps(net, gpu=False)[bn] == (bn, bn)
     result = timing.time_net(net, iterations=2)
     assert result["fused"] == 2
-    assert net._fusions[bn].forward_fused == 3
+    assert net.fusions[bn].forward_fused == 3
     times = {name: (f, b) for name, _, f, b in result["layers"]}
     assert times["scale"] == times["relu"] == (0.0, 0.0) and times["bn"][0] > 0
     assert "2 layers ran fused into the BatchNorm" in timing.format_timings(result)

@@ -65,7 +65,7 @@ def run(text, gpu_on, fused=True, phase=caffe_pb2.TRAIN, passes=2, clear=False, 
     try:
         net = build(text, phase)
         if not fused:
-            net._fusions = {}
+            net.fusions = {}
         scale_params(net)
         for _ in range(passes):
             feed(net)
@@ -111,7 +111,7 @@ SETTINGS = [
 def test_fused_layers_equal_the_cpu_and_the_layers_apart(gpu, setting):
     text = net_text(**setting)
     fused = run(text, True)
-    runs = list(fused._fusions.values())
+    runs = list(fused.fusions.values())
     assert [f.forward_fused for f in runs] == ([setting.get("fused", 3)] if setting.get("fused", 3) else [])
     compare(fused, run(text, False), tolerance(gpu))
     compare(fused, run(text, True, fused=False), tolerance(gpu))
@@ -147,7 +147,7 @@ def test_a_forward_only_run(gpu, phase):
     dev.forward_from_to()
     for a, b, name in zip(dev.blob_list, cpu.blob_list, dev.blob_names):
         np.testing.assert_allclose(a.data, b.data, err_msg=name, **tolerance(gpu))
-    assert dev._fusions[dev.layer_index("bn")].forward_fused == 3
+    assert dev.fusions[dev.layer_index("bn")].forward_fused == 3
 
 
 def test_a_range_that_ends_at_the_batchnorm_sees_its_own_output(gpu):
@@ -160,10 +160,10 @@ def test_a_range_that_ends_at_the_batchnorm_sees_its_own_output(gpu):
         feed(net)
         net.forward_from_to(0, net.layer_index("bn"))
         outputs.append(net.blob_by_name("conv").data.copy())
-        assert not any(f.forward_fused for f in net._fusions.values())
+        assert not any(f.forward_fused for f in net.fusions.values())
         if on_gpu:          # and a range that ends at the Scale fuses the pair without the ReLU
             net.forward_from_to(0, net.layer_index("scale"))
-            assert net._fusions[net.layer_index("bn")].forward_fused == 2
+            assert net.fusions[net.layer_index("bn")].forward_fused == 2
     np.testing.assert_allclose(outputs[1], outputs[0], **tolerance(gpu))
     # normalised per channel: mean 0, variance 1 (the Scale did not run)
     np.testing.assert_allclose(outputs[1].mean(axis=(0, 2, 3)), 0, atol=1e-5)
@@ -171,26 +171,26 @@ def test_a_range_that_ends_at_the_batchnorm_sees_its_own_output(gpu):
 
 def test_runs_that_are_not_fused(gpu):
     # the Scale writes another blob, or the BatchNorm does: their outputs stay visible
-    assert build(net_text(scale_in_place=False))._fusions == {}
-    assert build(net_text(bn_in_place=False))._fusions == {}
+    assert build(net_text(scale_in_place=False)).fusions == {}
+    assert build(net_text(bn_in_place=False)).fusions == {}
     # the net prints each layer's output
     net = build(net_text())
     net.debug_info = True
     feed(net)
     net.forward_backward()
-    assert not net._fusions[net.layer_index("bn")].forward_fused
+    assert not net.fusions[net.layer_index("bn")].forward_fused
     # a Scale of another axis than the channels'
     net = build(net_text(scale="scale_param { axis: 0 num_axes: 1 }"))
-    assert list(net._fusions) == [net.layer_index("bn")]
+    assert list(net.fusions) == [net.layer_index("bn")]
     feed(net)
     net.forward_backward()
-    assert not net._fusions[net.layer_index("bn")].forward_fused
+    assert not net.fusions[net.layer_index("bn")].forward_fused
     # the CPU path
     common.set_mode_cpu()
     try:
         net = build(net_text())
         feed(net)
         net.forward_backward()
-        assert not net._fusions[net.layer_index("bn")].forward_fused
+        assert not net.fusions[net.layer_index("bn")].forward_fused
     finally:
         common.set_mode_gpu()
