@@ -194,3 +194,46 @@ def test_runs_that_are_not_fused(gpu):
         assert not net.fusions[net.layer_index("bn")].forward_fused
     finally:
         common.set_mode_gpu()
+
+
+SOLVER = '''
+base_lr: 0.1 momentum: 0.9 weight_decay: 0.0005 lr_policy: "fixed" max_iter: 6 display: 0 random_seed: 1701
+snapshot_after_train: false
+net_param {
+  layer { name: "data" type: "DummyData" top: "data" top: "label"
+          dummy_data_param { shape { dim: 4 dim: 3 dim: 6 dim: 5 } shape { dim: 4 }
+                             data_filler { type: "gaussian" std: 2 } data_filler { type: "constant" value: 1 } } }
+  layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+          convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+  layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
+  layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+  layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+  layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc"
+          inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+  layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+}
+'''
+
+
+def test_training_with_fused_layers_equals_the_cpu(gpu, tmp_path):
+    """Six solver steps (momentum, weight decay, BatchNorm's moving averages and their weight on the device) give
+    the CPU's weights and statistics."""
+    from pycaffe_dist.solver.solver import Solver
+    results = []
+    for on_gpu in (False, True):
+        (common.set_mode_gpu if on_gpu else common.set_mode_cpu)()
+        param = text_format.Parse(SOLVER, caffe_pb2.SolverParameter())
+        param.snapshot_prefix = str(tmp_path / "snap")
+        solver = Solver(param)
+        solver.step(6)
+        if on_gpu:
+            assert solver.net.fusions[solver.net.layer_index("bn")].forward_fused == 3
+        net = solver.net
+        results.append({"%s/%d" % (net.layer_names[layer], i): net.layers[layer].blobs[i].data.copy()
+                        for layer, i in net.param_layer_index})
+    common.set_mode_gpu()
+    cpu, dev = results
+    assert cpu.keys() == dev.keys() and "bn/2" in cpu
+    for key in cpu:
+        np.testing.assert_allclose(dev[key], cpu[key], err_msg=key, **tolerance(gpu))
+    assert dev["bn/2"][0] == cpu["bn/2"][0]         # the statistics' weight: the same float32 on both paths
