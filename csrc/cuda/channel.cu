@@ -52,8 +52,28 @@ PCD_DEVICE void walk_next(ChannelWalk& w) {
   }
 }
 
+// ReLU with slope 0, as relu_forward computes it (neuron.cu): max(v, 0) + 0 * min(v, 0), so a NaN stays NaN.
+PCD_DEVICE float relu0(const float v) { return (v < 0.0f ? 0.0f : v) + 0.0f * (0.0f < v ? 0.0f : v); }
+
+// The Scale's output for x_norm v in channel c: v * scale[c] (+ bias[c] where has_bias). The fused backward
+// recomputes it from the kept x_norm to know where the ReLU let the gradient through: the same float operations on
+// the same values, so the same bits as the forward's.
+PCD_DEVICE float scaled_value(const float v, const float* scale, const float* bias, const int has_bias, const int c) {
+  return has_bias ? v * scale[c] + bias[c] : v * scale[c];
+}
+
+// The ReLU's backward inside the fused backward: dy where the Scale's output was positive, else dy * 0
+// (relu_backward's arithmetic: a NaN gradient stays NaN).
+PCD_DEVICE float relu_gradient(const float dy, const float v, const float* scale, const float* bias,
+                               const int has_bias, const int c) {
+  return dy * (scaled_value(v, scale, bias, has_bias, c) > 0.0f ? 1.0f : 0.0f);
+}
+
 // part_a[c * parts + p] = the sum of a over thread (c, p)'s elements, part_ab[...] = the sum of a * b (b may be a).
-PCD_KERNEL void channel_sums_parts(const int n, const float* a, const float* b, const int channels, const int inner,
+// Where relu, a is a ReLU's top diff over b, the x_norm of the fused BatchNorm + Scale + ReLU under it
+// (net/gpu_fusion.py), and is taken through the ReLU first: the ReLU's bottom diff is summed, and times x_norm.
+PCD_KERNEL void channel_sums_parts(const int n, const float* a, const float* b, const float* scale, const float* bias,
+                                   const int has_bias, const int relu, const int channels, const int inner,
                                    const int m, const int parts, float* part_a, float* part_ab) {
   CUDA_KERNEL_LOOP(index, n) {
     const int c = index / parts, p = index % parts;
@@ -61,9 +81,10 @@ PCD_KERNEL void channel_sums_parts(const int n, const float* a, const float* b, 
     float sum_a = 0, sum_ab = 0;
     for (int k = p; k < m; k += parts, walk_next(w)) {
       const long long at = walk_offset(w);
-      const float va = a[at];
+      const float vb = b[at];
+      const float va = relu ? relu_gradient(a[at], vb, scale, bias, has_bias, c) : a[at];
       sum_a += va;
-      sum_ab += va * b[at];
+      sum_ab += va * vb;
     }
     part_a[index] = sum_a;
     part_ab[index] = sum_ab;
@@ -200,16 +221,6 @@ PCD_KERNEL void batch_norm_normalize(const int n, const float* x, const float* m
   }
 }
 
-// ReLU with slope 0, as relu_forward computes it (neuron.cu): max(v, 0) + 0 * min(v, 0), so a NaN stays NaN.
-PCD_DEVICE float relu0(const float v) { return (v < 0.0f ? 0.0f : v) + 0.0f * (0.0f < v ? 0.0f : v); }
-
-// The Scale's output for x_norm v in channel c: v * scale[c] (+ bias[c] where has_bias). The fused backward
-// recomputes it from the kept x_norm to know where the ReLU let the gradient through: the same float operations on
-// the same values, so the same bits as the forward's.
-PCD_DEVICE float scaled_value(const float v, const float* scale, const float* bias, const int has_bias, const int c) {
-  return has_bias ? v * scale[c] + bias[c] : v * scale[c];
-}
-
 // BatchNorm and the in-place Scale after it (and the in-place ReLU after that, where relu) in one pass
 // (net/gpu_fusion.py): x_norm = (x - mean[c]) / std[c] (kept: the backward's, and the Scale's input), then
 // y = x_norm * scale[c] (+ bias[c]), through the ReLU where relu. y may be x; x_norm may be y (nothing to keep): it
@@ -223,34 +234,6 @@ PCD_KERNEL void batch_norm_scale_normalize(const int n, const float* x, const fl
     x_norm[i] = v;
     const float t = scaled_value(v, scale, bias, has_bias, c);
     y[i] = relu ? relu0(t) : t;
-  }
-}
-
-// The ReLU's backward inside the fused backward: dy where the Scale's output was positive, else dy * 0
-// (relu_backward's arithmetic: a NaN gradient stays NaN).
-PCD_DEVICE float relu_gradient(const float dy, const float v, const float* scale, const float* bias,
-                               const int has_bias, const int c) {
-  return dy * (scaled_value(v, scale, bias, has_bias, c) > 0.0f ? 1.0f : 0.0f);
-}
-
-// channel_sums_parts for the fused BatchNorm + Scale + ReLU: a = the ReLU's bottom diff (dy through the ReLU, from
-// the kept x_norm b), so part_a sums it and part_ab sums it times x_norm.
-PCD_KERNEL void channel_sums_relu_parts(const int n, const float* dy, const float* x_norm, const float* scale,
-                                        const float* bias, const int has_bias, const int channels, const int inner,
-                                        const int m, const int parts, float* part_a, float* part_ab) {
-  CUDA_KERNEL_LOOP(index, n) {
-    const int c = index / parts, p = index % parts;
-    ChannelWalk w = channel_walk(c, p, channels, inner, parts);
-    float sum_a = 0, sum_ab = 0;
-    for (int k = p; k < m; k += parts, walk_next(w)) {
-      const long long at = walk_offset(w);
-      const float v = x_norm[at];
-      const float g = relu_gradient(dy[at], v, scale, bias, has_bias, c);
-      sum_a += g;
-      sum_ab += g * v;
-    }
-    part_a[index] = sum_a;
-    part_ab[index] = sum_ab;
   }
 }
 

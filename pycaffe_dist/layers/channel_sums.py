@@ -56,11 +56,9 @@ def sums(layer, a, b, dims, out_a=None, out_ab=None, beta_a=0.0, beta_ab=0.0, re
     m = outer * inner
     parts = parts_for(channels, m)
     part_a, part_ab = _scratch(layer, "parts", 2, channels * parts)
-    if relu is None:
-        dev.launch("channel_sums_parts", channels * parts, a, b, channels, max(inner, 1), m, parts, part_a, part_ab)
-    else:
-        dev.launch("channel_sums_relu_parts", channels * parts, a, b, *relu, channels, max(inner, 1), m, parts,
-                   part_a, part_ab)
+    scale, bias, has_bias = relu or (a, a, 0)      # a stands for the ReLU's scale and bias where there is none
+    dev.launch("channel_sums_parts", channels * parts, a, b, scale, bias, has_bias, int(relu is not None), channels,
+               max(inner, 1), m, parts, part_a, part_ab)
     (part_a, part_ab), parts = _fold(layer, "channel_sums_fold", [part_a, part_ab], channels, parts)
     if out_a is None:
         out_a, beta_a = layer.buffer("channel_unused_a", channels, device=True), 0.0
