@@ -28,12 +28,14 @@ class LayerClock:
 
 
 def steps(net, gpu):
-    """The (first, last) layer ranges timed one at a time: each layer alone, except on the GPU the layers that run
-    as one there (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU)), timed together as in a training iteration."""
+    """The (first, last) layer ranges timed one at a time: each layer alone, except on the GPU the layers that the
+    net's last whole forward ran as one (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU)), timed together as a
+    training iteration runs them."""
     runs = {}
     if gpu:
         for bn_id, fusion in net.fusions.items():
-            runs[bn_id] = bn_id + fusion.layers_in(len(net.layers) - 1) - 1
+            if fusion.forward_fused:
+                runs[bn_id] = bn_id + fusion.forward_fused - 1
     ranges, i = [], 0
     while i < len(net.layers):
         ranges.append((i, runs.get(i, i)))
@@ -51,8 +53,8 @@ def time_net(net, iterations=50, progress=None):
     forward_ms, backward_ms = np.zeros(n), np.zeros(n)
     gpu = select.active()
     clock = LayerClock(gpu)
-    ranges = steps(net, gpu)
     initial_loss = net.forward_backward()
+    ranges = steps(net, gpu)
     prefetchers = [layer.prefetcher for layer in net.layers if hasattr(layer, "prefetcher")]
     waited_before = sum(p.wait_s for p in prefetchers)
     totals = []

@@ -78,6 +78,8 @@ def test_gpu_mode_times_fused_layers_as_one(emulated_gpu):
     """BatchNorm + Scale + ReLU run as one on the GPU in training: timed so, on the BatchNorm's line."""
     net = Net(text_format.Parse(FUSED_NET, caffe_pb2.NetParameter()), phase=caffe_pb2.TRAIN)
     bn = net.layer_index("bn")
+    assert timing.steps(net, gpu=True)[bn] == (bn, bn)      # nothing ran fused yet
+    net.forward_backward()
     assert timing.steps(net, gpu=True)[bn] == (bn, bn + 2)
     assert timing.steps(net, gpu=False)[bn] == (bn, bn)
     result = timing.time_net(net, iterations=2)
@@ -86,3 +88,12 @@ def test_gpu_mode_times_fused_layers_as_one(emulated_gpu):
     times = {name: (f, b) for name, _, f, b in result["layers"]}
     assert times["scale"] == times["relu"] == (0.0, 0.0) and times["bn"][0] > 0
     assert "2 layers ran fused into the BatchNorm" in timing.format_timings(result)
+
+
+def test_gpu_mode_times_layers_apart_where_they_did_not_run_fused(emulated_gpu):
+    """A Scale over another axis than the channels is not fused: each layer keeps its own line."""
+    text = FUSED_NET.replace("scale_param { bias_term: true }", "scale_param { axis: 0 num_axes: 1 bias_term: true }")
+    net = Net(text_format.Parse(text, caffe_pb2.NetParameter()), phase=caffe_pb2.TRAIN)
+    result = timing.time_net(net, iterations=1)
+    assert result["fused"] == 0 and "fused" not in timing.format_timings(result)
+    assert {name: f for name, _, f, _ in result["layers"]}["scale"] > 0
