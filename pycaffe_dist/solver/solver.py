@@ -21,6 +21,7 @@ Deliberate differences from Caffe:
 """
 import logging
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -383,10 +384,13 @@ class Solver:
             return
         if p.snapshot and not p.HasField("snapshot_prefix"):
             raise SolverError("%s: snapshot is specified but snapshot_prefix is not" % self.source)
-        probe = "%s_iter_0.tempfile" % p.snapshot_prefix
+        # Caffe's probe is prefix_iter_0.tempfile; this one has the process's own name, because two solvers with
+        # one prefix starting at once (two jobs in one folder) removed each other's probe, and the second then
+        # failed as if the folder were not writable.
+        folder, name = os.path.split(p.snapshot_prefix)
         try:
-            with open(probe, "w"):
-                pass
+            handle, probe = tempfile.mkstemp(prefix=name + "_iter_0.", suffix=".tempfile", dir=folder or ".")
+            os.close(handle)
             os.remove(probe)
         except OSError as exc:
             raise SolverError("%s: cannot write to snapshot prefix '%s' (%s). Make sure that the directory exists "

@@ -2,6 +2,7 @@
 Caffe's configuration checks. The golden comparisons with Caffe are in test_golden_solvers.py."""
 import json
 import logging
+import os
 
 import h5py
 import numpy as np
@@ -86,6 +87,26 @@ def test_snapshot_prefix_must_be_writable(tmp_path):
     with pytest.raises(SolverError, match="^solver: cannot write to snapshot prefix '/nonexistent/dir/snap' "
                                           r"\(No such file or directory\). Make sure that the directory exists"):
         Solver(solver_param(tmp_path, "snapshot: 5", snapshot_prefix="/nonexistent/dir/snap"))
+
+
+def test_the_prefix_probe_is_the_solvers_own(tmp_path, monkeypatch):
+    """Two solvers of one snapshot prefix starting at once (two jobs in one folder) each probe with a file of their
+    own: Caffe's fixed prefix_iter_0.tempfile, removed by the other solver first, failed the second."""
+    prefix = tmp_path / "snap"
+    caffes_probe = tmp_path / "snap_iter_0.tempfile"
+    caffes_probe.write_text("another solver's probe")
+    removed = []
+    real_remove = os.remove
+
+    def remove(path):
+        removed.append(path)
+        real_remove(path)
+    monkeypatch.setattr(os, "remove", remove)
+    Solver(solver_param(tmp_path, "snapshot: 5", snapshot_prefix=str(prefix)))
+    assert caffes_probe.read_text() == "another solver's probe"
+    assert len(removed) == 1 and removed[0].startswith(str(prefix) + "_iter_0.") and \
+        removed[0].endswith(".tempfile") and removed[0] != str(caffes_probe)
+    assert sorted(f.name for f in tmp_path.iterdir() if f.name.startswith("snap")) == ["snap_iter_0.tempfile"]
 
 
 def test_no_train_net(tmp_path):
