@@ -104,10 +104,7 @@ def end_job(store, controls, names, wait_s, stats_path=None, summary=None, keep=
     """A master's last act: mark the job done, send stop to each process's control queue, wait up to wait_s for
     their heartbeats (names) to lapse, write the stats (summary() as JSON) where asked, and remove the job's keys
     unless `keep`."""
-    store.finish_job()
-    for queue in controls:
-        store.reply_to(queue, {"status": "stop"})
-    wait_for_leaving(store, names, wait_s)
+    stop_processes(store, controls, names, wait_s)
     if stats_path:
         with open(stats_path, "w") as f:
             json.dump(summary(), f, indent=1)
@@ -115,8 +112,12 @@ def end_job(store, controls, names, wait_s, stats_path=None, summary=None, keep=
         store.remove_job()
 
 
-def wait_for_leaving(store, names, wait_s):
-    """Wait up to wait_s until none of the processes `names` beats its heart any more."""
+def stop_processes(store, controls, names, wait_s):
+    """Mark the job done, send stop to each process's control queue, and wait up to wait_s until none of the
+    processes `names` beats its heart any more."""
+    store.finish_job()
+    for queue in controls:
+        store.reply_to(queue, {"status": "stop"})
     deadline = time.monotonic() + wait_s
     names = list(names)
     while names and time.monotonic() < deadline:

@@ -590,11 +590,8 @@ class Master(stop_signals.StopRequests):
 
     def _stop_workers(self):
         self._published()                       # the last W out before the job says done
-        self.store.finish_job()
-        ids = list(self.members) + list(self.pending)
-        for worker in ids:
-            self.store.reply_to(worker, {"status": "stop"})
-        jobs.wait_for_leaving(self.store, ids, 10.0)
+        ids = list(self.members) + list(self.pending)      # a worker's control queue is its id
+        jobs.stop_processes(self.store, ids, ids, 10.0)
 
     def _clean_up(self):
         self.reader.close()

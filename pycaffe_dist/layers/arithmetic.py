@@ -265,6 +265,13 @@ class ScaleLayer(Layer):
             self.bias_dims = _broadcast_dims(bottom[0], bias, _check_broadcast(self, bottom[0], bias, p.axis, "bias"))
         top[0].reshape(bottom[0].shape)
 
+    def assigns_scale_diff(self, two_bottoms):
+        """Whether the scale's gradient is written over its diff rather than added to it: scale_layer.cpp writes its
+        GEMV / eltwise result straight into the scale diff when outer_dim is 1 (unless a scalar scales inner_dim > 1
+        values), so a learned scale's gradient is not accumulated there; a scale bottom's always is written."""
+        outer, dim, inner = self.dims
+        return two_bottoms or (outer == 1 and not (dim == 1 and inner > 1))
+
     def forward(self, bottom, top):
         scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
         x = bottom[0].data
@@ -281,13 +288,11 @@ class ScaleLayer(Layer):
         if self.param.scale_param.bias_term and self.param_propagate_down[-1]:
             bias = self.blobs[-1]
             bias.diff += _bias_gradient(top_diff, self.bias_dims, bias.shape)
-        outer, dim, inner = self.dims
+        dim = self.dims[1]
         if (two and propagate_down[1]) or (not two and self.param_propagate_down[0]):
             x = self.saved if top[0] is bottom[0] else bottom[0].data
             grad = (top_diff.reshape(self.dims) * x.reshape(self.dims)).sum(axis=(0, 2)).reshape(scale.shape)
-            # scale_layer.cpp writes its GEMV / eltwise result straight into the scale diff when outer_dim is 1
-            # (unless a scalar scales inner_dim > 1 values), so a learned scale's gradient is not accumulated there.
-            if two or (outer == 1 and not (dim == 1 and inner > 1)):
+            if self.assigns_scale_diff(two):
                 scale.diff[...] = grad
             else:
                 scale.diff += grad
@@ -325,7 +330,7 @@ class ScaleLayer(Layer):
         two = len(bottom) > 1
         scale = bottom[1] if two else self.blobs[0]
         top_diff, n = top[0].gpu_diff, top[0].count
-        outer, dim, inner = self.dims
+        _, dim, inner = self.dims
         want_bias = self.param.scale_param.bias_term and self.param_propagate_down[-1]
         want_scale = (two and propagate_down[1]) or (not two and self.param_propagate_down[0])
         bias_diff = None
@@ -336,7 +341,7 @@ class ScaleLayer(Layer):
             bias_diff = self.blobs[-1].mutable_gpu_diff
         if want_scale:
             x = self.buffer("saved", n, device=True) if top[0] is bottom[0] else bottom[0].gpu_data
-            assign = two or (outer == 1 and not (dim == 1 and inner > 1))
+            assign = self.assigns_scale_diff(two)
             channel_sums.sums(self, top_diff, x, self.dims, out_a=bias_diff, beta_a=1.0,
                               out_ab=scale.mutable_gpu_diff, beta_ab=0.0 if assign else 1.0)
         elif bias_diff is not None:

@@ -74,11 +74,7 @@ class BatchNormScale:
     def fits(self):
         """Whether the Scale's parameters are per channel of the BatchNorm's bottom as it is shaped now (reshaped
         already): scale_param's axis 1 and num_axes 1, as the zoo's nets have it."""
-        blob = self.net.blob_list[self.net.top_ids[self.bn_id][0]]
-        if len(blob.shape) < 2:
-            return False
-        num, channels = blob.shape[0], blob.shape[1]
-        dims = (num, channels, blob.count // (num * channels) if num * channels else 0)
+        dims = self.bn.gpu_dims([self.net.blob_list[self.net.top_ids[self.bn_id][0]]])
         scale = self.scale
         return tuple(scale.dims) == dims and (not scale.param.scale_param.bias_term or
                                               tuple(scale.bias_dims) == dims)
@@ -122,10 +118,8 @@ class BatchNormScale:
         want_bias = has_bias and scale.param_propagate_down[-1]
         want_scale = scale.param_propagate_down[0]
         if want_bias or want_scale:
-            outer, dim, inner = scale.dims
-            assign = outer == 1 and not (dim == 1 and inner > 1)     # where the Scale assigns its gradient
             dev.launch("batch_norm_scale_parameter_diffs", channels, sum_dy, sum_dyy, int(want_bias), int(want_scale),
-                       0.0 if assign else 1.0,
+                       0.0 if scale.assigns_scale_diff(False) else 1.0,
                        scale.blobs[-1].mutable_gpu_diff if want_bias else sum_dy,
                        scale.blobs[0].mutable_gpu_diff if want_scale else sum_dyy)
         if bn_propagate_down:

@@ -5,7 +5,6 @@ host, and scratch tensors as large as the bottom."""
 import numpy as np
 import pytest
 
-from pycaffe_dist.backend import select
 from pycaffe_dist.blob.blob import Blob
 from pycaffe_dist.layers import channel_sums, create_layer
 from pycaffe_dist.proto import caffe_pb2
