@@ -1,6 +1,7 @@
 """What one training iteration asks of the GPU, counted without one: the kernel launches, BLAS calls, memsets and
 copies of a forward+backward on the GPU code path, the reads that make the host wait for the GPU (downloads, dot,
-asum), and the host's own time to issue them all (Python, with the device doing nothing).
+asum; "in mid-pass": those before the iteration's last call to the GPU, after which the GPU idles until the host
+has queued more), and the host's own time to issue them all (Python, with the device doing nothing).
 
     python tools/gpu_calls.py [--nets lenet,alexnet,resnet50,googlenet] [--iterations 3]
 
@@ -27,6 +28,7 @@ def counted(kind, result=None):
     """A device method that counts a call of `kind` and does nothing else."""
     def call(self, *args, **kwargs):
         self.calls[kind] += 1
+        self.order.append(kind)
         return result
     return call
 
@@ -49,9 +51,11 @@ def counting_device():
         def __init__(self):
             super().__init__()
             self.calls = collections.Counter()
+            self.order = []     # the kinds of the calls, in order
 
         def download(self, src, host, stream=None):
             self.calls["download"] += 1
+            self.order.append("download")
             host[...] = 0       # labels read back must be valid ones
     return CountingDevice()
 
@@ -73,14 +77,35 @@ def measure(net_name, iterations):
     for _ in range(2):      # the first uploads the inputs and makes the buffers
         step()
     dev.calls.clear()
-    started = time.perf_counter()
+    host_s, mid_pass = 0.0, 0
     for _ in range(iterations):
+        del dev.order[:]
+        started = time.perf_counter()
         step()
-    host_ms = 1000.0 * (time.perf_counter() - started) / iterations
+        host_s += time.perf_counter() - started
+        last = max(i for i, kind in enumerate(dev.order) if kind not in WAITS + ("uploads", "argument checks"))
+        mid_pass += sum(1 for kind in dev.order[:last] if kind in WAITS)
+    host_ms = 1000.0 * host_s / iterations
     per = {kind: count / iterations for kind, count in dev.calls.items()}
     per["host waits"] = sum(per.pop(kind, 0) for kind in WAITS)
+    per["in mid-pass"] = mid_pass / iterations
     fused = [f.forward_fused for f in net.fusions.values() if f.forward_fused]
-    return per, host_ms, "%d (%d layers)" % (len(fused), sum(fused))
+    return per, host_ms, "%d (%d layers)" % (len(fused), sum(fused)), update_calls(dev, net)
+
+
+def update_calls(dev, net):
+    """The calls of one SGD update (momentum, L2 weight decay) of the net's learnable params, as the solver's."""
+    from pycaffe_dist.proto import caffe_pb2
+    from pycaffe_dist.solver import updates_gpu
+    param = caffe_pb2.SolverParameter(base_lr=0.01, momentum=0.9, weight_decay=0.0005, lr_policy="fixed")
+    history, tables = [dev.zeros(b.count) for b in net.learnable_params], {}
+    for _ in range(2):      # the first makes the solver's parameter table (uploads)
+        before = collections.Counter(dev.calls)
+        updates_gpu.compute_steps(param, net.learnable_params, net.params_lr, net.params_weight_decay, history, 0,
+                                  tables=tables)
+        updates_gpu.apply_steps(net.learnable_params, tables)
+    made = dev.calls - before
+    return sum(v for k, v in made.items() if k not in ("uploads", "argument checks"))
 
 
 def main():
@@ -88,14 +113,15 @@ def main():
     ap.add_argument("--nets", default="lenet,alexnet,resnet50,googlenet")
     ap.add_argument("--iterations", type=int, default=3)
     args = ap.parse_args()
-    columns = ("kernel launches", "GEMM", "GEMV", "axpy, scal", "memsets, copies", "host waits")
-    print("| net | " + " | ".join(columns) + " | all calls | BatchNorm+Scale(+ReLU) fused | host ms / iteration |")
-    print("|---|" + "---:|" * (len(columns) + 3))
+    columns = ("kernel launches", "GEMM", "GEMV", "axpy, scal", "memsets, copies", "host waits", "in mid-pass")
+    print("| net | " + " | ".join(columns) + " | all calls | layer runs fused | host ms / iteration | "
+          "SGD update calls |")
+    print("|---|" + "---:|" * (len(columns) + 4))
     for name in args.nets.split(","):
-        per, host_ms, fused = measure(name, args.iterations)
-        total = sum(v for k, v in per.items() if k not in ("uploads", "argument checks"))
-        print("| %s | %s | %d | %s | %.2f |" % (name, " | ".join("%d" % per.get(c, 0) for c in columns), total, fused,
-                                               host_ms))
+        per, host_ms, fused, update = measure(name, args.iterations)
+        total = sum(v for k, v in per.items() if k not in ("uploads", "argument checks", "in mid-pass"))
+        print("| %s | %s | %d | %s | %.2f | %d |" % (name, " | ".join("%d" % per.get(c, 0) for c in columns), total,
+                                                    fused, host_ms, update))
 
 
 if __name__ == "__main__":

@@ -67,3 +67,9 @@ PCD_KERNEL void gpu_copy_rows(const int n, const int width, const float* x, cons
     y[r * y_stride + y_offset + j] = x[r * x_stride + x_offset + j];
   }
 }
+
+// x *= numerator / denominator[0]: cuBLAS's scal by a quotient whose denominator is on the device (a loss's
+// normalizer), the quotient rounded to float32 first as the host's np.float32 division before its scal.
+PCD_KERNEL void gpu_scale_by_quotient(const int n, const float numerator, const float* denominator, float* x) {
+  CUDA_KERNEL_LOOP(i, n) { x[i] = (numerator / denominator[0]) * x[i]; }
+}

@@ -70,6 +70,33 @@ PCD_KERNEL void eltwise_max_backward(const int n, const float* dy, const int* ma
   CUDA_KERNEL_LOOP(i, n) { dx[i] = mask[i] == blob_idx ? dy[i] : 0.0f; }
 }
 
+// --- Eltwise SUM of two bottoms with the in-place ReLU after it, as one (net/gpu_fusion.py) -----------------------
+
+// y = relu(c0 a + c1 b): the Eltwise's gpu_scale then axpy (a fused multiply-add, as cuBLAS's saxpy), then
+// relu_forward's max(v, 0) + slope min(v, 0) (neuron.cu). y may not be a or b (the Eltwise is not in place).
+PCD_KERNEL void eltwise_sum_relu_forward(const int n, const float c0, const float* a, const float c1, const float* b,
+                                         const float negative_slope, float* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const float v = fmaf(c1, b[i], c0 * a[i]);
+    y[i] = (v < 0.0f ? 0.0f : v) + negative_slope * (0.0f < v ? 0.0f : v);
+  }
+}
+
+// The backward of the two as the layers run it: the ReLU's, in place (dy through where y, its top and bottom, is
+// positive, relu_backward's arithmetic), left in the blob's diff as the ReLU leaves it; then the Eltwise's,
+// gpu_scale of that by each coefficient into the bottom diffs asked for (want0, want1; dx0, dx1 unused where 0).
+// dy is read before it is written, thread by thread.
+PCD_KERNEL void eltwise_sum_relu_backward(const int n, const float* y, const float negative_slope, const float c0,
+                                          const float c1, const int want0, const int want1, float* dy, float* dx0,
+                                          float* dx1) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const float g = dy[i] * (y[i] > 0.0f ? 1.0f : negative_slope);
+    dy[i] = g;
+    if (want0) dx0[i] = c0 * g;
+    if (want1) dx1[i] = c1 * g;
+  }
+}
+
 // --- Bias, Scale --------------------------------------------------------------------------------------------------
 
 // x, y viewed as (outer, dim, inner); bias, scale: dim values broadcast over outer and inner

@@ -117,3 +117,17 @@ PCD_KERNEL void softmax_loss_backward(const int n, const float* label, const int
     }
   }
 }
+
+// SoftmaxWithLoss's loss on the device, so that the host need not wait for it in mid-pass. sums_a holds the valid
+// count (the sum of counts) and the number of bad labels, sums_ab[0] the sum of the losses (channel_sums over
+// [counts | bad] and [loss | 0]). normalizer[0] = fixed where fixed > 0, else max(1, the valid count): Caffe's
+// get_normalizer for VALID with an ignore_label, as the host path's int(round(asum(counts))). top[0] = the sum /
+// normalizer, both float32 as the host path's division. n = 1.
+PCD_KERNEL void softmax_loss_total(const int n, const float* sums_a, const float* sums_ab, const float fixed,
+                                   float* normalizer, float* top) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const float d = fixed > 0.0f ? fixed : fmaxf(1.0f, rintf(sums_a[0]));
+    normalizer[0] = d;
+    top[0] = sums_ab[0] / d;
+  }
+}

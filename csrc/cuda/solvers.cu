@@ -62,3 +62,52 @@ PCD_KERNEL void adam_update(const int n, float* g, float* m, float* v, const flo
 PCD_KERNEL void l1_regularize(const int n, const float decay, const float* w, float* diff) {
   CUDA_KERNEL_LOOP(i, n) { diff[i] += decay * (float)((0.0f < w[i]) - (w[i] < 0.0f)); }
 }
+
+// --- Many parameters in one launch (solver/updates_gpu.py's ParameterTable) ----------------------------------------
+// Caffe's ApplyUpdate launches a regularize, an update and a Net::Update call per parameter: for ResNet-50 about 800
+// launches, each too small to keep the GPU busy while the host issues the next. Here one launch covers them all:
+// thread `index` works on element chunk_start[c] + index % chunk of parameter p = chunk_param[c], c = index / chunk
+// (a parameter's elements are split into chunks, so no chunk spans two); addresses[3 p .. 3 p + 2] are the
+// parameter's diff, history and data, sizes[p] its count. The arithmetic is the per-parameter path's: Regularize
+// (L2, caffe_gpu_axpy: a fused multiply-add, skipped where the decay is 0), sgd_update's, and Net::Update's axpy.
+
+PCD_DEVICE bool many_element(const int index, const int chunk, const int* chunk_param, const int* chunk_start,
+                             const int* sizes, int& p, int& i) {
+  const int c = index / chunk;
+  p = chunk_param[c];
+  i = chunk_start[c] + index % chunk;
+  return i < sizes[p];
+}
+
+PCD_DEVICE float* many_array(const long long* addresses, const int p, const int which) {
+  return reinterpret_cast<float*>(addresses[3 * p + which]);
+}
+
+// SGD with L2 weight decay: g += decays[p] w; h = momentum h + (rate lr_mults[p]) g; g = h.
+PCD_KERNEL void sgd_update_many(const int n, const int chunk, const int* chunk_param, const int* chunk_start,
+                                const long long* addresses, const int* sizes, const float* lr_mults,
+                                const float* decays, const float momentum, const float rate) {
+  CUDA_KERNEL_LOOP(index, n) {
+    int p, i;
+    if (!many_element(index, chunk, chunk_param, chunk_start, sizes, p, i)) continue;
+    float* const g = many_array(addresses, p, 0);
+    float* const h = many_array(addresses, p, 1);
+    const float decay = decays[p];
+    float gi = g[i];
+    if (decay != 0.0f) gi = fmaf(decay, many_array(addresses, p, 2)[i], gi);
+    const float local_rate = rate * lr_mults[p];
+    const float hi = momentum * h[i] + local_rate * gi;
+    g[i] = h[i] = hi;
+  }
+}
+
+// Net::Update: w -= step (the diff), as axpy(-1, diff, data).
+PCD_KERNEL void apply_update_many(const int n, const int chunk, const int* chunk_param, const int* chunk_start,
+                                  const long long* addresses, const int* sizes) {
+  CUDA_KERNEL_LOOP(index, n) {
+    int p, i;
+    if (!many_element(index, chunk, chunk_param, chunk_start, sizes, p, i)) continue;
+    float* const w = many_array(addresses, p, 2);
+    w[i] = w[i] - many_array(addresses, p, 0)[i];
+  }
+}

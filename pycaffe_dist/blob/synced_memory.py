@@ -56,6 +56,30 @@ class SyncedMemory:
             self.head = DEVICE
         return self._dev
 
+    @property
+    def device_array(self):
+        """The device copy as it is (None before one is made), current or not."""
+        return self._dev
+
+    def adopt_device(self, array):
+        """Keep `array` (this memory's size, on the current device: a slice of a larger array) as the device
+        copy from now on; a current device copy moves there."""
+        dev = select.current()
+        if array.size != self.size:
+            raise DeviceError("a device array of %d elements cannot hold a memory of %d" % (array.size, self.size))
+        if self._dev is not None and self.head in (DEVICE, SYNCED):
+            dev.copy(array, self._dev)
+        elif self.head == UNINIT:
+            dev.memset(array, 0)
+        self._dev = array
+
+    def device_written(self):
+        """The device copy was written by someone else (a memset of the array it is a slice of): it is now the
+        current copy."""
+        if self._dev is None:
+            raise DeviceError("this memory has no device copy")
+        self.head = DEVICE
+
     def astype(self, dtype):
         """Host-only conversion (the float64 gradient checker); the device copy is dropped."""
         host = self.host(write=False).astype(dtype) if self.allocated else None

@@ -37,6 +37,9 @@ class Layer:
     # code on the host copies instead, as Caffe's Layer::Forward_gpu falls back to Forward_cpu.
     forward_gpu = None
     backward_gpu = None
+    # True where forward_gpu leaves a check of its input to finish_forward_gpu, which the Net calls when it reads
+    # the forward's losses: a check read on the host in mid-pass would make the host wait for the GPU there.
+    defers_checks = False
 
     def __init__(self, param, phase=None):
         # Each layer owns a copy of its LayerParameter, as Caffe's Layer does: a layer may edit it (BatchNorm adds
@@ -53,6 +56,9 @@ class Layer:
         self.param_propagate_down = []
         self.loss_weights = []
         self._buffers = {}   # buffer(): {(name, on the device): (device or None, array)}
+
+    def finish_forward_gpu(self):
+        """Raise what the last forward_gpu found wrong in its input (where defers_checks)."""
 
     # --- helpers for subclasses -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import numpy as np
 from ..backend import select, softmax
 from ..blob.binaryproto import read_blob_file
 from ..proto import caffe_pb2
+from . import channel_sums
 from .base import Layer, checked_axis
 from .gpu_helpers import SOFTMAX_FLOPS_PER_ELEMENT, gpu_softmax
 from .registry import register
@@ -172,15 +173,29 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         n = normalizer(self.normalization, self.outer_num, self.inner_num, count)
         diff *= self.loss_weight(top) / diff.dtype.type(n)
 
-    # GPU, as softmax_loss_layer.cu: per-position loss and count arrays reduced with asum on the device; only the
-    # loss (and, for VALID with ignore_label, the valid count) comes to the host.
+    # GPU, after softmax_loss_layer.cu: per-position loss and count arrays summed on the device. Caffe reduces
+    # them with asum, which returns to the host: the host waits for the GPU in mid-pass. Here the loss stays on
+    # the device (channel_sums, then softmax_loss_total), and the labels' check (Caffe has none on the GPU: it
+    # reads past the class axis) waits for the net to read the loss (finish_forward_gpu).
+    defers_checks = True
 
-    def _gpu_normalizer(self, dev, counts):
+    def _fixed_normalizer(self):
+        """The normalizer where it does not depend on the labels, else 0 (VALID with an ignore_label)."""
         if self.normalization == LossParameter.VALID and self.ignore_label is not None:
-            valid = int(round(dev.asum(counts.size, counts)))
-        else:
-            valid = self.outer_num * self.inner_num    # every position counts: no need to sum
-        return normalizer(self.normalization, self.outer_num, self.inner_num, valid)
+            return 0
+        return normalizer(self.normalization, self.outer_num, self.inner_num, self.outer_num * self.inner_num)
+
+    def _device_loss(self, flags, values, positions, pass_name, loss):
+        """The sums of flags = [counts | bad] and of flags * values ([loss | 0]) on the device (2 values each,
+        kept under the pass's name), then softmax_loss_total into `loss` (a device array of 1) and the pass's
+        normalizer; returns (the flags' sums, the normalizer)."""
+        dev = select.current()
+        sums_a = self.buffer(pass_name + "_sums", 2, device=True)
+        sums_ab = self.buffer(pass_name + "_loss_sums", 2, device=True)
+        channel_sums.sums(self, flags, values, (1, 2, positions), sums_a, sums_ab)
+        norm = self.buffer(pass_name + "_normalizer", 1, device=True)
+        dev.launch("softmax_loss_total", 1, sums_a, sums_ab, float(self._fixed_normalizer()), norm, loss)
+        return sums_a, norm
 
     def forward_gpu(self, bottom, top):
         dev = select.current()
@@ -188,14 +203,19 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         prob = top[1].mutable_gpu_data if len(top) > 1 else self.buffer("prob", bottom[0].count, device=True)
         gpu_softmax(bottom[0].gpu_data, prob, self.outer_num, channels, self.inner_num,
                     self.buffer("scale", positions, device=True))
-        loss = self.buffer("loss", positions, device=True)
-        counts = self.buffer("counts", positions, device=True)
-        bad = self.buffer("bad", positions, device=True)
+        flags = self.buffer("counts_bad", 2 * positions, device=True)           # [counts | bad]
+        values = self.buffer("loss_zeros", 2 * positions, device=True, fill=0.0)  # [loss | 0]
         dev.launch("softmax_loss_forward", positions, prob, bottom[1].gpu_data, channels, self.inner_num,
-                   *ignore_args(self.ignore_label), loss, counts, bad)
-        refuse_bad_labels(self, dev, bad, bottom[1], channels, self.ignore_label)
-        total = np.float32(dev.asum(positions, loss))
-        top[0].data[...] = total / np.float32(self._gpu_normalizer(dev, counts))
+                   *ignore_args(self.ignore_label), values.at(0, positions), flags.at(0, positions),
+                   flags.at(positions, positions))
+        self._device_loss(flags, values, positions, "forward", top[0].mutable_gpu_data)
+        self._labels_to_check = (bottom[1], channels)
+
+    def finish_forward_gpu(self):
+        """Raise the CPU path's error for a label outside [0, channels) that the last GPU forward flagged."""
+        pending, self._labels_to_check = getattr(self, "_labels_to_check", None), None
+        if pending is not None and select.current().to_host(self.buffer("forward_sums", device=True))[1] > 0:
+            read_labels(self, pending[0], pending[1], self.ignore_label)
 
     def backward_gpu(self, top, propagate_down, bottom):
         self.no_backward_into(propagate_down, 1)
@@ -206,11 +226,18 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         diff = bottom[0].mutable_gpu_diff
         # The probabilities of the forward: top[1] when there is one (Caffe's top[1]->ShareData(prob_)).
         dev.copy(diff, top[1].gpu_data if len(top) > 1 else self.buffer("prob", bottom[0].count, device=True))
-        counts = self.buffer("counts", positions, device=True)
+        flags = self.buffer("counts_bad", 2 * positions, device=True)
         dev.launch("softmax_loss_backward", positions, bottom[1].gpu_data, channels, self.inner_num,
-                   *ignore_args(self.ignore_label), diff, counts)
-        weight = np.float32(top[0].cpu_diff[()]) / np.float32(self._gpu_normalizer(dev, counts))
-        dev.scal(bottom[0].count, float(weight), diff)
+                   *ignore_args(self.ignore_label), diff, flags.at(0, positions))
+        weight = np.float32(top[0].cpu_diff[()])
+        fixed = self._fixed_normalizer()
+        if fixed:
+            dev.scal(bottom[0].count, float(weight / np.float32(fixed)), diff)
+        else:       # the normalizer of the backward's counts (its bad labels, those of the forward: unused)
+            values = self.buffer("loss_zeros", 2 * positions, device=True, fill=0.0)
+            _, norm = self._device_loss(flags, values, positions, "backward",
+                                        self.buffer("backward_loss", 1, device=True))     # not used
+            dev.launch("gpu_scale_by_quotient", bottom[0].count, float(weight), norm, diff)
 
     def flops(self, bottom, top):
         return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count + 2 * self.outer_num * self.inner_num

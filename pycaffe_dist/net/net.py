@@ -16,6 +16,7 @@ from ..layers import create_layer
 from ..proto import caffe_pb2
 from . import debug_info as debug_log
 from . import gpu_fusion
+from .gradient_arena import GradientArena
 from .splits import insert_splits
 from .state import filter_net, make_state
 
@@ -134,8 +135,13 @@ class Net:
                 for i in tops:
                     blob_need_backward[i] = True
         self._prune_backward(force=self.param.force_backward)
-        self.fusions = gpu_fusion.find(self)      # {BatchNorm id: the layers from it the GPU may run as one}
-        self._fusion_members = {i: f for f in self.fusions.values() for i in range(f.bn_id, f.bn_id + 2 + f.relu)}
+        self.fusions = gpu_fusion.find(self)      # {first layer id: the layers from it the GPU may run as one}
+        self._fusion_members = {i: f for f in self.fusions.values() for i in f.members()}
+        self._gradient_arena = None     # the learnable params' device diffs in one array, made at the first clear
+        self._last_writer = {}      # {blob id: the last layer with it as a top}
+        for layer_id, tops in enumerate(self.top_ids):
+            for blob_id in tops:
+                self._last_writer[blob_id] = layer_id
         # net.cpp lists the outputs from a std::set<string>: in byte-wise order of their names
         outputs = sorted({n for n in self.blob_names if n in available}, key=lambda n: n.encode())
         self.output_ids = [self._blob_index[n] for n in outputs]
@@ -298,9 +304,13 @@ class Net:
     def forward_from_to(self, start=0, end=None, gpu=None):
         """Run layers start..end (inclusive) and return the sum of their weighted losses. gpu: run the layers'
         GPU code (default: whether GPU mode is on); a recurrent layer's unrolled net runs on the path of its layer."""
+        return self._forward(start, end, gpu).value()
+
+    def _forward(self, start=0, end=None, gpu=None):
+        """forward_from_to, its losses read when asked for (WeightedLosses.value)."""
         end = len(self.layers) - 1 if end is None else end
-        loss = None
         gpu = select.active() if gpu is None else gpu
+        losses = WeightedLosses()
         layer_id = start
         while layer_id <= end:
             layer = self.layers[layer_id]
@@ -309,7 +319,7 @@ class Net:
             fused = self._fused_forward(layer_id, end) if gpu else 0
             if fused:
                 for done in range(layer_id, layer_id + fused):
-                    loss = self._after_forward(done, loss)
+                    self._after_forward(done, losses, gpu)
                 layer_id += fused
                 continue
             if layer_id in self._fusion_members:        # run alone: its run's next backward is not fused
@@ -317,15 +327,17 @@ class Net:
             # A layer without GPU code runs its CPU code on the host copies, as Caffe's Forward_gpu falls back.
             if gpu and layer.forward_gpu is not None:
                 layer.forward_gpu(bottom, top)
+                if layer.defers_checks:
+                    losses.checks.append(layer)
             else:
                 layer.forward(bottom, top)
-            loss = self._after_forward(layer_id, loss)
+            self._after_forward(layer_id, losses, gpu)
             layer_id += 1
-        return 0.0 if loss is None else float(loss)
+        return losses
 
     def _fused_forward(self, layer_id, end):
-        """Run layer_id and the next one or two as one on the GPU (net/gpu_fusion.py) where they may be fused and
-        are in the range; how many layers that ran (0: none, the layer runs alone)."""
+        """Run layer_id and the next ones as one on the GPU (net/gpu_fusion.py) where they may be fused and are in
+        the range; how many layers that ran (0: none, the layer runs alone)."""
         fusion = self.fusions.get(layer_id)
         if fusion is None:
             return 0
@@ -337,21 +349,22 @@ class Net:
             self._reshape_layer(next_id, self.layers[next_id], *self._vecs(next_id))
         if not fusion.fits():
             return 0
-        fusion.forward(self._vecs(layer_id)[1][0], layers)
+        fusion.forward(*self._vecs(layer_id), layers)
         return layers
 
-    def _after_forward(self, layer_id, loss):
-        """A layer's forward is done: its debug line, and its weighted losses added to `loss`."""
-        layer = self.layers[layer_id]
+    def _after_forward(self, layer_id, losses, gpu):
+        """A layer's forward is done: its debug line, and its weighted losses added to `losses`: on the GPU read
+        later where no later layer writes the top (so the host does not wait for the GPU here)."""
         if self.debug_info:
             debug_log.forward(self, layer_id)
-        for w, blob in zip(layer.loss_weights, self._vecs(layer_id)[1]):
+        layer = self.layers[layer_id]
+        for w, blob_id in zip(layer.loss_weights, self.top_ids[layer_id]):
             if w:
-                # Caffe's Layer::Forward: a dot of the top with its loss weights (in its diff), summed over
-                # the layers in the net's own precision (Dtype), not in double
-                layer_loss = np.dot(blob.cpu_data.reshape(-1), blob.cpu_diff.reshape(-1))
-                loss = layer_loss if loss is None else loss + layer_loss
-        return loss
+                blob = self.blob_list[blob_id]
+                if gpu and self._last_writer[blob_id] == layer_id:
+                    losses.terms.append(blob)
+                else:
+                    losses.terms.append(weighted_loss(blob))
 
     def backward_from_to(self, start=None, end=0, gpu=None):
         start = len(self.layers) - 1 if start is None else start
@@ -376,24 +389,21 @@ class Net:
     def _fused_backward(self, layer_id, end):
         """The backward of the fused layers that end at layer_id, as their last forward ran them
         (net/gpu_fusion.py), where the range holds them all; how many layers that was (0: none)."""
-        for layers in (3, 2):
-            fusion = self.fusions.get(layer_id - layers + 1)
-            if fusion is not None and fusion.forward_fused == layers and fusion.bn_id >= end:
-                if not self.layer_need_backward[fusion.scale_id]:
-                    return 0
-                bn_id = fusion.bn_id
-                fusion.backward(self._vecs(bn_id)[1][0],
-                                self.layer_need_backward[bn_id] and self.bottom_need_backward[bn_id][0])
-                return layers
-        return 0
+        fusion = self._fusion_members.get(layer_id)
+        if fusion is None or not fusion.forward_fused or fusion.first + fusion.forward_fused - 1 != layer_id or \
+                fusion.first < end or not fusion.needs_backward():
+            return 0
+        fusion.backward(*self._vecs(fusion.first))
+        return fusion.forward_fused
 
     def forward_backward(self):
-        """Caffe's ForwardBackward: its Backward, unlike BackwardFromTo, ends with the norms of all params."""
-        loss = self.forward_from_to()
+        """Caffe's ForwardBackward: its Backward, unlike BackwardFromTo, ends with the norms of all params. The
+        loss is read after the backward is queued: on the GPU the host waits for it only at the end."""
+        losses = self._forward()
         self.backward_from_to()
         if self.debug_info:
             debug_log.param_norms(self)
-        return loss
+        return losses.value()
 
     def set_input_arrays(self, data, labels):
         """Hand arrays to the net's first layer, which must be MemoryData (pycaffe's Net.set_input_arrays)."""
@@ -403,9 +413,10 @@ class Net:
 
     def clear_param_diffs(self):
         if select.active():
-            dev = select.current()
-            for blob in self.learnable_params:
-                dev.memset(blob.mutable_gpu_diff, 0)
+            # one memset of the arena that holds every diff on the device (net/gradient_arena.py)
+            if self._gradient_arena is None or not self._gradient_arena.holds(self.learnable_params):
+                self._gradient_arena = GradientArena(self.learnable_params)
+            self._gradient_arena.clear()
             return
         for blob in self.learnable_params:
             blob.diff[...] = 0
@@ -462,3 +473,31 @@ class Net:
             for blob in layer.blobs:
                 blob.to_proto(write_diff, layer_proto.blobs.add())
         return out
+
+
+def weighted_loss(blob):
+    """Caffe's Layer::Forward: a dot of the top with its loss weights (in its diff), in the net's own precision
+    (Dtype), not in double."""
+    return np.dot(blob.cpu_data.reshape(-1), blob.cpu_diff.reshape(-1))
+
+
+class WeightedLosses:
+    """The weighted losses of one forward, summed in the layers' order when read (value). Caffe's Layer::Forward
+    reads each loss as its layer runs, which on the GPU makes the host wait for the device in mid-pass, with
+    nothing queued behind: the GPU idles while the host queues the next layers. Here a loss top that no later
+    layer writes stays on the device until the sum is read (after the backward is queued, in forward_backward);
+    the sum is the same float32 arithmetic in the same order. `checks`: layers whose GPU forward left a check of
+    its input until then (Layer.defers_checks)."""
+
+    def __init__(self):
+        self.terms = []         # each top's weighted loss, or the blob to read it from
+        self.checks = []
+
+    def value(self):
+        for layer in self.checks:
+            layer.finish_forward_gpu()
+        loss = None
+        for term in self.terms:
+            term = weighted_loss(term) if isinstance(term, Blob) else term
+            loss = term if loss is None else loss + term
+        return 0.0 if loss is None else float(loss)

@@ -29,13 +29,13 @@ class LayerClock:
 
 def steps(net, gpu):
     """The (first, last) layer ranges timed one at a time: each layer alone, except on the GPU the layers that the
-    net's last whole forward ran as one (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU)), timed together as a
-    training iteration runs them."""
+    net's last whole forward ran as one (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU), Eltwise + ReLU), timed
+    together as a training iteration runs them."""
     runs = {}
     if gpu:
-        for bn_id, fusion in net.fusions.items():
+        for first, fusion in net.fusions.items():
             if fusion.forward_fused:
-                runs[bn_id] = bn_id + fusion.forward_fused - 1
+                runs[first] = first + fusion.forward_fused - 1
     ranges, i = [], 0
     while i < len(net.layers):
         ranges.append((i, runs.get(i, i)))

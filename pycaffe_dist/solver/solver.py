@@ -74,6 +74,7 @@ class Solver:
         self.iter = 0
         self.current_step = 0
         self._history_memory = None         # the history's device copies, in GPU mode
+        self._parameter_tables = {}         # {device: updates_gpu.ParameterTable}: SGD's one-launch update
         self.history = updates.new_history(param, [b.shape for b in self.net.learnable_params])
         self.callbacks = []                 # (on_start, on_gradients) pairs, as pycaffe's add_callback
         self.iteration_hooks = []           # f(solver) after each update: progress displays, workers
@@ -290,7 +291,8 @@ class Solver:
         gpu = select.active()
         if gpu:
             result = updates_gpu.compute_steps(p, params, rates, self.net.params_weight_decay,
-                                               self._device_history(), self.iter, self.current_step, self.source)
+                                               self._device_history(), self.iter, self.current_step, self.source,
+                                               self._parameter_tables)
         else:
             result = updates.compute_steps(p, [b.data for b in params], [b.diff for b in params],
                                            rates, self.net.params_weight_decay, self.history,
@@ -305,7 +307,7 @@ class Solver:
                      caffe_number(result["clip_norm"]), caffe_number(f32(p.clip_gradients)),
                      caffe_number(result["clip_scale"]))
         if gpu:
-            updates_gpu.apply_steps(params)
+            updates_gpu.apply_steps(params, self._parameter_tables)
         self.iter += 1
 
     def solve(self, resume_file=None):

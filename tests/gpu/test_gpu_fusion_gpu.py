@@ -1,7 +1,7 @@
-"""BatchNorm + in-place Scale (+ in-place ReLU) run as one on the GPU (pycaffe_dist/net/gpu_fusion.py): the same
-outputs and gradients as the CPU path and as the layers run apart on the GPU, for every phase and setting of the run;
-which runs are fused and which are not; a range that ends between them sees each layer's own output; a backward
-layer by layer after a fused forward."""
+"""Layer runs the GPU runs as one (pycaffe_dist/net/gpu_fusion.py), BatchNorm + in-place Scale (+ in-place ReLU) and
+Eltwise SUM + in-place ReLU: the same outputs and gradients as the CPU path and as the layers run apart on the GPU,
+for every phase and setting of the run; which runs are fused and which are not; a range that ends between them sees
+each layer's own output; a backward layer by layer after a fused forward."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -50,6 +50,8 @@ def feed(net, seed=3):
 
 def scale_params(net, seed=5):
     """Non-trivial gamma and beta, and earlier gradients in their diffs (where the Scale accumulates or assigns)."""
+    if "scale" not in net.layer_names:
+        return
     rng = np.random.default_rng(seed)
     for blob in net.layers[net.layer_index("scale")].blobs:
         blob.data[...] = rng.standard_normal(blob.shape) + 1.0
@@ -237,3 +239,85 @@ def test_training_with_fused_layers_equals_the_cpu(gpu, tmp_path):
     for key in cpu:
         np.testing.assert_allclose(dev[key], cpu[key], err_msg=key, **tolerance(gpu))
     assert dev["bn/2"][0] == cpu["bn/2"][0]         # the statistics' weight: the same float32 on both paths
+
+
+# --- Eltwise SUM + ReLU ---------------------------------------------------------------------------------------------
+
+def eltwise_text(eltwise="", relu="", shortcut="conv0", bottoms=("a", "b"), relu_in_place=True, operation="SUM"):
+    """Input -> two Convolutions (a, b) -> Eltwise -> ReLU -> InnerProduct -> SoftmaxWithLoss, the end of a ResNet
+    block. shortcut: what bottom a is (conv0, or the data: no gradient below it)."""
+    relu_top = "sum" if relu_in_place else "relu_out"
+    shortcut_layer = "" if shortcut == "data" else \
+        '''layer { name: "conv0" type: "Convolution" bottom: "data" top: "a"
+                convolution_param { num_output: 3 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }'''
+    a = "data" if shortcut == "data" else "a"
+    names = {"a": a, "b": "b", "c": "c"}
+    return '''
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: %d dim: 3 dim: 6 dim: 5 } shape { dim: %d } } }
+%s
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "b"
+        convolution_param { num_output: 3 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "conv2" type: "Convolution" bottom: "data" top: "c"
+        convolution_param { num_output: 3 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "sum" type: "Eltwise" %s top: "sum" eltwise_param { operation: %s %s } }
+layer { name: "relu" type: "ReLU" bottom: "sum" top: "%s" %s }
+layer { name: "fc" type: "InnerProduct" bottom: "%s" top: "fc"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+''' % (BATCH, BATCH, shortcut_layer, " ".join('bottom: "%s"' % names[b] for b in bottoms), operation, eltwise,
+       relu_top, relu, relu_top)
+
+
+ELTWISE_SETTINGS = [
+    dict(),
+    dict(eltwise="coeff: 0.5 coeff: -2"),
+    dict(relu="relu_param { negative_slope: 0.1 }"),
+    dict(shortcut="data"),                          # one bottom needs no gradient
+    dict(bottoms=("a", "b", "c"), fused=0),         # three bottoms run apart
+    dict(operation="PROD", fused=0),
+    dict(operation="MAX", fused=0),
+    dict(relu_in_place=False, fused=0),             # the sum stays visible beside the ReLU's top
+]
+
+
+@pytest.mark.parametrize("setting", ELTWISE_SETTINGS, ids=[str(i) for i in range(len(ELTWISE_SETTINGS))])
+def test_a_fused_eltwise_sum_and_relu_equal_the_cpu_and_the_layers_apart(gpu, setting):
+    setting = dict(setting)
+    expected = setting.pop("fused", 2)
+    text = eltwise_text(**setting)
+    fused = run(text, True)
+    assert [f.forward_fused for f in fused.fusions.values()] == ([expected] if expected else [])
+    compare(fused, run(text, False), tolerance(gpu))
+    compare(fused, run(text, True, fused=False), tolerance(gpu))
+
+
+def test_the_fused_eltwise_leaves_the_relus_diff_in_the_blob(gpu):
+    """Apart, the ReLU in place leaves its bottom diff (dy where the sum is positive) in the blob: so does the fused
+    backward, and the bottoms' diffs are it times their coefficients."""
+    net = run(eltwise_text(eltwise="coeff: 1 coeff: 3"), True)
+    total = net.blob_by_name("sum")
+    assert (total.diff[total.data <= 0] == 0).all() and (total.diff != 0).any()
+    np.testing.assert_array_equal(net.blob_by_name("a").diff, total.diff)
+    np.testing.assert_array_equal(net.blob_by_name("b").diff, np.float32(3) * total.diff)
+
+
+def test_an_eltwise_backward_layer_by_layer_after_a_fused_forward(gpu):
+    text = eltwise_text(eltwise="coeff: 0.5 coeff: 2")
+    compare(run(text, True, layer_by_layer=True), run(text, False), tolerance(gpu))
+
+
+def test_a_range_that_ends_at_the_eltwise_sees_the_sum(gpu):
+    text = eltwise_text()
+    common.set_mode_gpu()
+    net = build(text)
+    feed(net)
+    net.forward_from_to(0, net.layer_index("sum"))
+    fusion = net.fusions[net.layer_index("sum")]
+    assert not fusion.forward_fused
+    a, b = net.blob_by_name("a").data, net.blob_by_name("b").data
+    np.testing.assert_allclose(net.blob_by_name("sum").data, a + b, rtol=1e-6)
+    assert (net.blob_by_name("sum").data < 0).any()     # the ReLU did not run
+    net.forward_from_to(0, net.layer_index("relu"))
+    assert fusion.forward_fused == 2
+    np.testing.assert_allclose(net.blob_by_name("sum").data, np.maximum(a + b, 0), rtol=1e-6)

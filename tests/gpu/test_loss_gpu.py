@@ -118,7 +118,11 @@ def forward_error(text, inputs, gpu_path):
     layer = create_layer(layer_param(text))
     layer.setup(bottom, top)
     with pytest.raises(NetError) as info:
-        (layer.forward_gpu if gpu_path else layer.forward)(bottom, top)
+        if gpu_path:        # a GPU forward may leave its check until the net reads the loss
+            layer.forward_gpu(bottom, top)
+            layer.finish_forward_gpu()
+        else:
+            layer.forward(bottom, top)
     return str(info.value)
 
 
@@ -229,3 +233,119 @@ def test_contrastive_loss(gpu, param, loss_weight, down):
     compare_layer(gpu, 'type: "ContrastiveLoss" ' + param, [a, b, similar], [np.float32(loss_weight)],
                   propagate_down=down, bottom_diffs=[gaussian((num, channels, 1, 1), seed=5)] * 2 + [similar * 0],
                   on_device="backward")
+
+
+# --- The net reads its losses at the end of a GPU pass (net.WeightedLosses) ----------------------------------------
+
+def loss_net_text(batch=6, aux="", after_loss=""):
+    """conv -> fc -> SoftmaxWithLoss, with GoogLeNet's auxiliary loss head in the middle where aux is its
+    loss_weight; after_loss: a layer text run after the main loss."""
+    head = '''
+layer { name: "aux_fc" type: "InnerProduct" bottom: "conv" top: "aux_fc"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "aux_loss" type: "SoftmaxWithLoss" bottom: "aux_fc" bottom: "label" top: "aux_loss"
+        loss_weight: %s }''' % aux if aux else ""
+    return '''
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: %d dim: 2 dim: 5 dim: 5 } shape { dim: %d } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }%s
+layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+%s''' % (batch, batch, head, after_loss)
+
+
+def loss_net(text, on_gpu, label_values=None):
+    from google.protobuf import text_format
+    from pycaffe_dist import common
+    from pycaffe_dist.net.net import Net
+    from pycaffe_dist.proto import caffe_pb2
+    (common.set_mode_gpu if on_gpu else common.set_mode_cpu)()
+    common.set_random_seed(11)
+    net = Net(text_format.Parse(text, caffe_pb2.NetParameter()), phase=caffe_pb2.TRAIN)
+    data, label = net.blob_by_name("data"), net.blob_by_name("label")
+    data.data[...] = gaussian(data.shape)
+    label.data[...] = labels(label.shape, 3) if label_values is None else label_values
+    return net
+
+
+def both_losses(text, method="forward_backward", label_values=None):
+    from pycaffe_dist import common
+    try:
+        cpu = getattr(loss_net(text, False, label_values), method)()
+    finally:
+        common.set_mode_gpu()
+    return cpu, getattr(loss_net(text, True, label_values), method)()
+
+
+@pytest.mark.parametrize("aux", ["", "0.3"])
+def test_a_gpu_pass_waits_for_the_device_only_once_everything_is_queued(gpu, aux):
+    """Caffe's loss layers read their loss on the host as they run (asum), which makes the host wait for the GPU
+    in mid-pass; here the first read comes after the backward's last call, and the loss is the CPU's."""
+    calls = []
+    waits = ("download", "asum", "dot", "synchronize")
+    queued = ("_launch", "_sgemm", "_sgemm_batched", "_sgemv", "axpy", "scal", "copy", "memset")
+    for name in waits + queued:
+        method = getattr(gpu, name)
+
+        def logged(*args, _name=name, _method=method, **kwargs):
+            calls.append(_name)
+            return _method(*args, **kwargs)
+        setattr(gpu, name, logged)
+    try:
+        net = loss_net(loss_net_text(aux=aux), True)
+        net.forward_backward()                  # the first pass makes the buffers (uploads)
+        del calls[:]
+        loss = net.forward_backward()
+    finally:
+        for name in waits + queued:
+            delattr(gpu, name)
+    first_wait = min(i for i, name in enumerate(calls) if name in waits)
+    last_queued = max(i for i, name in enumerate(calls) if name in queued)
+    assert first_wait > last_queued, calls
+    cpu, _ = both_losses(loss_net_text(aux=aux))
+    np.testing.assert_allclose(loss, cpu, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["forward_backward", "forward_from_to"])
+def test_a_bad_label_in_a_gpu_pass_is_the_cpu_error(gpu, method):
+    text = loss_net_text(aux="0.3")
+    bad = np.float32([0, 1, 2, 7, 1, 0])
+    errors = []
+    for on_gpu in (False, True):
+        with pytest.raises(NetError) as info:
+            getattr(loss_net(text, on_gpu, bad), method)()
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "label 7 at position 3" in errors[0]
+
+
+def test_a_loss_top_a_later_layer_rewrites_is_read_before(gpu):
+    """A layer in place on a loss top after its loss layer: the loss is the top as the loss layer left it (read at
+    once, as Caffe's Layer::Forward), on the GPU too."""
+    after = 'layer { name: "double" type: "Power" bottom: "loss" top: "loss" power_param { scale: 2 } }'
+    cpu, dev = both_losses(loss_net_text(after_loss=after), "forward_from_to")
+    np.testing.assert_allclose(dev, cpu, rtol=1e-5)
+    plain_cpu, _ = both_losses(loss_net_text(), "forward_from_to")
+    np.testing.assert_allclose(cpu, plain_cpu, rtol=1e-6)       # not the doubled top
+
+
+@pytest.mark.parametrize("normalization", ["VALID", "FULL", "BATCH_SIZE", "NONE"])
+def test_the_device_normalizer_with_ignored_labels(gpu, normalization):
+    """SoftmaxWithLoss's normalizer on the device (VALID with an ignore_label: the valid count of the labels), in
+    the loss and in the gradient, as the CPU's."""
+    text = loss_net_text().replace(
+        'bottom: "fc" bottom: "label" top: "loss" }',
+        'bottom: "fc" bottom: "label" top: "loss" loss_param { ignore_label: 1 normalization: %s } }'
+        % normalization)
+    values = np.float32([0, 1, 2, 1, 1, 0])
+    results = []
+    for on_gpu in (False, True):
+        net = loss_net(text, on_gpu, values)
+        results.append((net.forward_backward(), net.blob_by_name("fc").diff.copy()))
+    from pycaffe_dist import common
+    common.set_mode_gpu()
+    (cpu_loss, cpu_diff), (dev_loss, dev_diff) = results
+    np.testing.assert_allclose(dev_loss, cpu_loss, rtol=1e-5)
+    np.testing.assert_allclose(dev_diff, cpu_diff, rtol=1e-4, atol=1e-6)

@@ -90,3 +90,41 @@ def test_a_workers_weights_move_between_the_device_and_host_arrays_directly(gpu,
     for blob, g in zip(blobs, gradients):
         assert blob.diff_memory.head == synced_memory.DEVICE
         np.testing.assert_array_equal(g, blob.cpu_diff)
+
+
+def test_an_sgd_update_is_two_launches_over_every_parameter(gpu, tmp_path, monkeypatch):
+    """SGD with L2 decay updates every parameter in one launch and applies the steps in one more (Caffe: a
+    regularize, an update and an axpy per parameter); a rate scale (the distributed modes') remakes the table,
+    and the weights are the CPU's."""
+    results = []
+    for on_gpu in (False, True):
+        (common.set_mode_gpu if on_gpu else common.set_mode_cpu)()
+        solver = make_solver("sgd_momentum", tmp_path, monkeypatch)
+        assert solver.param.weight_decay and len(solver.net.learnable_params) >= 4
+        solver.step(2)
+        calls = []
+        if on_gpu:
+            for name in ("_launch", "axpy", "scal"):
+                method = getattr(gpu, name)
+
+                def logged(*args, _name=name, _method=method, **kwargs):
+                    calls.append(args[0] if _name == "_launch" else _name)
+                    return _method(*args, **kwargs)
+                setattr(gpu, name, logged)
+        try:
+            solver.net.forward_backward()
+            del calls[:]
+            solver.apply_update()
+            update_calls = list(calls)
+            solver.net.clear_param_diffs()
+            solver.net.forward_backward()
+            solver.apply_update(rate_scale=0.5)
+        finally:
+            for name in ("_launch", "axpy", "scal"):
+                gpu.__dict__.pop(name, None)
+        if on_gpu:
+            assert update_calls == ["sgd_update_many", "apply_update_many"]
+        results.append(params_of(solver))
+    cpu, dev = results
+    for key in cpu:
+        np.testing.assert_allclose(dev[key], cpu[key], err_msg=key, rtol=1e-5, atol=1e-7)
