@@ -127,6 +127,13 @@ class CudaDevice(RowMajorBlas, Device):
         self._driver.memcpy_dtoh_async(host.reshape(-1), src.ptr, stream)
         stream.synchronize()
 
+    def download_all(self, pairs):
+        """The copies queued on the stream, then one wait: into page-locked arrays (a worker's exchange buffers)
+        they run while the host queues the next; a wait per array would cost a round trip each."""
+        for src, host in pairs:
+            self._driver.memcpy_dtoh_async(host.reshape(-1), src.ptr, self.stream)
+        self.stream.synchronize()
+
     def copy(self, dst, src, stream=None):
         self._driver.memcpy_dtod_async(dst.ptr, src.ptr, min(dst.nbytes, src.nbytes), stream or self.stream)
 

@@ -132,6 +132,12 @@ class Device:
         self.download(array, host)
         return host
 
+    def download_all(self, pairs):
+        """download() each (device array, host array) pair of `pairs`; a device that can queues them all and
+        waits once (a net's parameters: hundreds of arrays)."""
+        for src, host in pairs:
+            self.download(src, host)
+
     def fill(self, array, value):
         if array.size:
             self.launch("gpu_set", array.size, float(value), array)

@@ -518,9 +518,8 @@ class Solver:
 
     def _read(self, device_copy, host_copy, out):
         if select.active():
-            dev = select.current()
-            for blob, o in zip(self.net.learnable_params, out):
-                dev.download(device_copy(blob), o)
+            select.current().download_all([(device_copy(blob), o) for blob, o in zip(self.net.learnable_params,
+                                                                                        out)])
         else:
             for blob, o in zip(self.net.learnable_params, out):
                 np.copyto(o, host_copy(blob))
