@@ -210,7 +210,11 @@ net_param {
   layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
   layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
   layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
-  layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc"
+  layer { name: "branch" type: "Convolution" bottom: "conv" top: "branch"
+          convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
+  layer { name: "sum" type: "Eltwise" bottom: "conv" bottom: "branch" top: "sum" }
+  layer { name: "sum_relu" type: "ReLU" bottom: "sum" top: "sum" }
+  layer { name: "fc" type: "InnerProduct" bottom: "sum" top: "fc"
           inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
   layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
 }
@@ -218,8 +222,9 @@ net_param {
 
 
 def test_training_with_fused_layers_equals_the_cpu(gpu, tmp_path):
-    """Six solver steps (momentum, weight decay, BatchNorm's moving averages and their weight on the device) give
-    the CPU's weights and statistics."""
+    """Six solver steps (momentum, weight decay, BatchNorm's moving averages and their weight on the device; a
+    ResNet block's Eltwise + ReLU; the loss read after the pass; the one-launch SGD update) give the CPU's weights
+    and statistics."""
     from pycaffe_dist.solver.solver import Solver
     results = []
     for on_gpu in (False, True):
@@ -230,6 +235,7 @@ def test_training_with_fused_layers_equals_the_cpu(gpu, tmp_path):
         solver.step(6)
         if on_gpu:
             assert solver.net.fusions[solver.net.layer_index("bn")].forward_fused == 3
+            assert solver.net.fusions[solver.net.layer_index("sum")].forward_fused == 2
         net = solver.net
         results.append({"%s/%d" % (net.layer_names[layer], i): net.layers[layer].blobs[i].data.copy()
                         for layer, i in net.param_layer_index})
