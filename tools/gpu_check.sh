@@ -18,7 +18,8 @@
 # into data/fashion-mnist/*.datumfile; without them the training rows say so.
 # Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png,
 # bench_nets_transforms.txt (the nets of PROFILE_NETS with FFT and Winograd convolutions allowed), time_NET.txt
-# (dist_caffe time --gpu 0: per layer and per layer type, timed by GPU events), train.log, workers.log,
+# (dist_caffe time --gpu 0: per layer and per layer type, timed by GPU events), torch_profile_NET.txt (PyTorch's
+# copy, op by op: bench/torch_profile.py), train.log, workers.log,
 # workers.json and summary.txt (the table).
 set -u
 cd "$(dirname "$0")/.."
@@ -123,6 +124,14 @@ print(', '.join('%s %s' % (l.split()[0], re.search(r'\(([0-9.]+%)\)', l).group(1
 " "$OUT/time_$net.txt" 2>/dev/null)
         row "time $net, GPU events" "${top:-failed, see time_$net.txt}" \
             "$(grep -o 'Average Forward-Backward: [0-9.]* ms' "$OUT/time_$net.txt" | awk '{print $3 " ms a pass"}')"
+        # PyTorch's copy of the net, op by op (self times): where it is faster, beside the types above
+        say "profile: PyTorch's $net, torch.profiler"
+        python3 bench/torch_profile.py --net "$net" --device "${TORCH_DEVICE:-cuda}" --iterations 5 \
+            > "$OUT/torch_profile_$net.txt" 2>&1
+        top=$(grep -E '^\| aten|^\| [A-Za-z]' "$OUT/torch_profile_$net.txt" | grep -v '^| op ' | head -4 |
+              awk -F'|' '{gsub(/ /, "", $2); gsub(/ /, "", $4); printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $4}')
+        row "PyTorch $net, torch.profiler" "${top:-failed, see torch_profile_$net.txt}" \
+            "$(grep -o '[0-9.]* ms a step' "$OUT/torch_profile_$net.txt" | head -1)"
     done
 fi
 # --- training on the GPU: alone and with workers sharing it ---------------------------------------------------------
