@@ -64,7 +64,7 @@ PCD_KERNEL void l1_regularize(const int n, const float decay, const float* w, fl
 }
 
 // --- Many parameters in one launch (solver/updates_gpu.py's ParameterTable) ----------------------------------------
-// Caffe's ApplyUpdate launches a regularize, an update and a Net::Update call per parameter: for ResNet-50 about 800
+// Caffe's ApplyUpdate launches a regularize, an update and a Net::Update call per parameter: for ResNet-50 963
 // launches, each too small to keep the GPU busy while the host issues the next. Here one launch covers them all:
 // thread `index` works on element chunk_start[c] + index % chunk of parameter p = chunk_param[c], c = index / chunk
 // (a parameter's elements are split into chunks, so no chunk spans two); addresses[3 p .. 3 p + 2] are the

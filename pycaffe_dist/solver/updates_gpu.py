@@ -4,7 +4,7 @@ copies and device history, with the rule kernels of csrc/cuda/solvers.cu (Caffe'
 The learning rate and everything else computed per iteration stay in solver.updates (one implementation); only
 the per-element work moves. Gradient clipping sums each blob's dot product in float, as Caffe's GPU path does.
 
-Caffe launches a regularize, an update and a Net::Update call per parameter: about 800 for ResNet-50 (its BatchNorm
+Caffe launches a regularize, an update and a Net::Update call per parameter: 963 for ResNet-50 (its BatchNorm
 statistics are learnable params too), most too small to keep the GPU busy while the host issues the next. The
 common case, SGD with L2 decay and iter_size 1, runs as two launches over every parameter instead (csrc/cuda/
 solvers.cu's *_many kernels, over a ParameterTable of the parameters' device arrays): the same arithmetic.

@@ -2,7 +2,9 @@
 against their CPU code (pycaffe_dist/layers/softmax.py and loss.py, csrc/cuda/softmax.cu and loss.cu): outputs (the
 loss scalar, the probabilities, the accuracies), bottom diffs under loss weights, ignore_label and every
 normalization, and the CPU path's error for a label out of range. The harness is test_norm_gpu.run_both
-(test_activation_gpu.compare_layer for ContrastiveLoss, whose bottoms are not all of one shape)."""
+(test_activation_gpu.compare_layer for ContrastiveLoss, whose bottoms are not all of one shape). Last, the net's
+reading of its losses at the end of a GPU pass: no wait for the device before the pass is queued, the CPU's loss,
+normalizer and label error."""
 import numpy as np
 import pytest
 
