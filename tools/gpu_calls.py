@@ -1,7 +1,8 @@
 """What one training iteration asks of the GPU, counted without one: the kernel launches, BLAS calls, memsets and
 copies of a forward+backward on the GPU code path, the reads that make the host wait for the GPU (downloads, dot,
 asum; "in mid-pass": those before the iteration's last call to the GPU, after which the GPU idles until the host
-has queued more), and the host's own time to issue them all (Python, with the device doing nothing).
+has queued more), the host's own time to issue them all (Python, with the device doing nothing), and the calls of
+one SGD update of the net's parameters (momentum, L2 decay: the solver's GPU path).
 
     python tools/gpu_calls.py [--nets lenet,alexnet,resnet50,googlenet] [--iterations 3]
 
