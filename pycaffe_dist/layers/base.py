@@ -177,7 +177,6 @@ class Layer:
         self._buffers[key] = (where, array)
         return array
 
-
     def adopt_buffer(self, name, array, device=True):
         """Keep `array` under `name` as if buffer() had made it (another layer's array, shared: net/gpu_fusion.py
         gives a fused Scale the BatchNorm's x_norm as its kept input)."""

@@ -188,14 +188,14 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
     def _device_loss(self, flags, values, positions, pass_name, loss):
         """The sums of flags = [counts | bad] and of flags * values ([loss | 0]) on the device (2 values each,
         kept under the pass's name), then softmax_loss_total into `loss` (a device array of 1) and the pass's
-        normalizer; returns (the flags' sums, the normalizer)."""
+        normalizer, which it returns."""
         dev = select.current()
         sums_a = self.buffer(pass_name + "_sums", 2, device=True)
         sums_ab = self.buffer(pass_name + "_loss_sums", 2, device=True)
         channel_sums.sums(self, flags, values, (1, 2, positions), sums_a, sums_ab)
         norm = self.buffer(pass_name + "_normalizer", 1, device=True)
         dev.launch("softmax_loss_total", 1, sums_a, sums_ab, float(self._fixed_normalizer()), norm, loss)
-        return sums_a, norm
+        return norm
 
     def forward_gpu(self, bottom, top):
         dev = select.current()
@@ -235,8 +235,8 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
             dev.scal(bottom[0].count, float(weight / np.float32(fixed)), diff)
         else:       # the normalizer of the backward's counts (its bad labels, those of the forward: unused)
             values = self.buffer("loss_zeros", 2 * positions, device=True, fill=0.0)
-            _, norm = self._device_loss(flags, values, positions, "backward",
-                                        self.buffer("backward_loss", 1, device=True))     # not used
+            norm = self._device_loss(flags, values, positions, "backward",
+                                     self.buffer("backward_loss", 1, device=True))     # not used
             dev.launch("gpu_scale_by_quotient", bottom[0].count, float(weight), norm, diff)
 
     def flops(self, bottom, top):

@@ -109,15 +109,13 @@ class BatchNormScale(LayerRun):
         return cls(net, bn_id, relu)
 
     def __init__(self, net, bn_id, relu):
-        super().__init__(net, bn_id, 3 if relu else 2)
-        self.bn_id, self.scale_id = bn_id, bn_id + 1
+        super().__init__(net, bn_id, 3 if relu else 2)     # the ReLU after them too, where relu
         self.bn, self.scale = net.layers[bn_id], net.layers[bn_id + 1]
-        self.relu = relu                    # whether the ReLU after them may be fused too
 
     def fits(self):
         """Whether the Scale's parameters are per channel of the BatchNorm's bottom as it is shaped now (reshaped
         already): scale_param's axis 1 and num_axes 1, as the zoo's nets have it."""
-        dims = self.bn.gpu_dims([self.net.blob_list[self.net.top_ids[self.bn_id][0]]])
+        dims = self.bn.gpu_dims([self.net.blob_list[self.net.top_ids[self.first][0]]])
         scale = self.scale
         return tuple(scale.dims) == dims and (not scale.param.scale_param.bias_term or
                                               tuple(scale.bias_dims) == dims)
@@ -137,7 +135,7 @@ class BatchNormScale(LayerRun):
         mean, std = bn.gpu_statistics([blob])
         count, channels = blob.count, bn.channels
         inner = max(bn.gpu_dims([blob])[2], 1)
-        keep = any(self.net.layer_need_backward[i] for i in range(self.bn_id, self.bn_id + layers))
+        keep = any(self.net.layer_need_backward[i] for i in range(self.first, self.first + layers))
         x_norm = bn.buffer("x_norm", count, device=True) if keep else None
         dev.launch("batch_norm_scale_normalize", count, blob.gpu_data, mean, std, *self._affine(), int(layers == 3),
                    channels, inner, x_norm if keep else blob.mutable_gpu_data, blob.mutable_gpu_data)
@@ -146,13 +144,13 @@ class BatchNormScale(LayerRun):
         self.forward_fused = layers
 
     def needs_backward(self):
-        return self.net.layer_need_backward[self.scale_id]
+        return self.net.layer_need_backward[self.first + 1]   # the Scale's
 
     def backward(self, bottom, top):
         """The run's backward on the GPU (as its forward was fused): the Scale's parameter gradients, and where the
         BatchNorm's bottom needs one, its diff (dy taken back through the ReLU, the Scale and the BatchNorm)."""
         blob, bn, scale, net = top[0], self.bn, self.scale, self.net
-        bn_propagate_down = net.layer_need_backward[self.bn_id] and net.bottom_need_backward[self.bn_id][0]
+        bn_propagate_down = net.layer_need_backward[self.first] and net.bottom_need_backward[self.first][0]
         dev = select.current()
         dims = bn.gpu_dims([blob])
         channels, count = bn.channels, blob.count

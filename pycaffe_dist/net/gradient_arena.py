@@ -28,17 +28,16 @@ class GradientArena:
             total += -(-memory.size // ALIGN) * ALIGN
         self.device = dev
         self.array = dev.empty(max(total, 1))
-        self.blobs = list(blobs)
         self.slots = []
         for memory, offset in zip(memories, offsets):
             slot = self.array.at(offset, memory.size)
             memory.adopt_device(slot)
             self.slots.append((memory, slot))
-        self._memory_of = [blob.diff_memory for blob in self.blobs]
+        self._memory_of = [blob.diff_memory for blob in blobs]     # each blob's, in order
 
     def holds(self, blobs):
         """Whether the arena is still where `blobs`' diffs live on the current device."""
-        if self.device is not select.current() or len(blobs) != len(self.blobs):
+        if self.device is not select.current() or len(blobs) != len(self._memory_of):
             return False
         if any(blob.diff_memory is not memory for blob, memory in zip(blobs, self._memory_of)):
             return False
