@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check in one command, on a machine with an NVIDIA GPU, nvcc and PyTorch: build the kernels for it, run
-# the real-GPU tests, bench/nets.py --gpu, the per-layer GPU times of the nets that miss their targets, a LeNet
-# training on GPU 0 alone and with 4 workers sharing it; print one table. Run from anywhere; it works in the
+# the real-GPU tests, bench/nets.py --gpu (and without FFT and Winograd convolutions), the GPU kernels of the big
+# nets beside PyTorch's, a LeNet training on GPU 0 alone and with 4 workers sharing it; print one table. Run from anywhere; it works in the
 # checkout it belongs to.
 #
-#   tools/gpu_check.sh                 # everything (about 5 minutes on an H200)
+#   tools/gpu_check.sh                 # everything (about 6 minutes on an H200)
 #   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh
 #   OUT=/tmp/gpu-out tools/gpu_check.sh
 #   GPU_CHECK_OUR_KERNELS=1 tools/gpu_check.sh         # the tests once more with cuDNN off (PCD_CUDNN=0)
@@ -17,10 +17,9 @@
 # Data: Fashion-MNIST's IDX files from /usr/share/datasets/fashion-mnist or .device/fashion-mnist, converted once
 # into data/fashion-mnist/*.datumfile; without them the training rows say so.
 # Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png,
-# bench_nets_transforms.txt (the nets of PROFILE_NETS with FFT and Winograd convolutions allowed), time_NET.txt
-# (dist_caffe time --gpu 0: per layer and per layer type, timed by GPU events), torch_profile_NET.txt (PyTorch's
-# copy, op by op: bench/torch_profile.py), train.log, workers.log,
-# workers.json and summary.txt (the table).
+# bench_nets_no_transforms.txt (the nets of PROFILE_NETS with PCD_CUDNN_TRANSFORMS=0), kernels_NET.txt (every GPU
+# kernel of a training step of ours and of PyTorch's copy, by name and by kind: bench/gpu_kernels.py), train.log,
+# workers_MODE.log, workers_MODE.json and summary.txt (the table).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -100,38 +99,32 @@ if want bench; then
     done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets.txt")
 fi
 
-# --- the same nets with FFT and Winograd convolutions allowed (PCD_CUDNN_TRANSFORMS=1: Caffe's own cuDNN engine takes
-# them where cuDNN prefers them; ours leaves them out by default for their float32 error) ---------------------------
+# --- the same nets without FFT and Winograd convolutions (PCD_CUDNN_TRANSFORMS=0: every convolution multiplies and
+# adds the inputs themselves, as our kernels and Caffe's CPU code do; the default takes them, as Caffe's cuDNN engine) --
 if want transforms; then
-    say "bench/nets.py --gpu, PCD_CUDNN_TRANSFORMS=1"
-    PCD_CUDNN_TRANSFORMS=1 python3 bench/nets.py --gpu --iterations 20 --nets "${PROFILE_NETS// /,}" 2>&1 |
-        tee "$OUT/bench_nets_transforms.txt"
+    say "bench/nets.py --gpu, PCD_CUDNN_TRANSFORMS=0"
+    PCD_CUDNN_TRANSFORMS=0 python3 bench/nets.py --gpu --iterations 20 --nets "${PROFILE_NETS// /,}" 2>&1 |
+        tee "$OUT/bench_nets_no_transforms.txt"
     while IFS='|' read -r _ net batch _ ours torch ratio target _; do
-        row "bench $(echo $net) b$(echo $batch), FFT/Winograd allowed" "ours/PyTorch $(echo $ratio) (target $(echo $target))" \
+        row "bench $(echo $net) b$(echo $batch), no FFT/Winograd" "ours/PyTorch $(echo $ratio) (target $(echo $target))" \
             "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
-    done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets_transforms.txt")
+    done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets_no_transforms.txt")
 fi
-# --- where the GPU time goes: dist_caffe time, each layer timed by events on the GPU's stream ------------------------
+# --- where the GPU time goes: every kernel of a training step, ours and PyTorch's, timed by the GPU (CUPTI) ----------
 if want profile; then
     for net in $PROFILE_NETS; do
-        say "profile: dist_caffe time $net on GPU 0"
-        python3 -m pycaffe_dist time --model "bench/nets/${net}_input.prototxt" --gpu 0 --iterations 5 \
-            > "$OUT/time_$net.txt" 2>&1
+        say "profile: bench/gpu_kernels.py $net"
+        python3 bench/gpu_kernels.py --net "$net" --device "${TORCH_DEVICE:-cuda}" --iterations 5 \
+            > "$OUT/kernels_$net.txt" 2>&1
+        # the three kinds of work where ours spends the most GPU time more than PyTorch's
         top=$(python3 -c "
-import re, sys
-lines = open(sys.argv[1]).read().split('Average time per layer type')[-1].splitlines()[1:5]
-print(', '.join('%s %s' % (l.split()[0], re.search(r'\(([0-9.]+%)\)', l).group(1)) for l in lines if '%)' in l))
-" "$OUT/time_$net.txt" 2>/dev/null)
-        row "time $net, GPU events" "${top:-failed, see time_$net.txt}" \
-            "$(grep -o 'Average Forward-Backward: [0-9.]* ms' "$OUT/time_$net.txt" | awk '{print $3 " ms a pass"}')"
-        # PyTorch's copy of the net, op by op (self times): where it is faster, beside the types above
-        say "profile: PyTorch's $net, torch.profiler"
-        python3 bench/torch_profile.py --net "$net" --device "${TORCH_DEVICE:-cuda}" --iterations 5 \
-            > "$OUT/torch_profile_$net.txt" 2>&1
-        top=$(grep -E '^\| aten|^\| [A-Za-z]' "$OUT/torch_profile_$net.txt" | grep -v '^| op ' | head -4 |
-              awk -F'|' '{gsub(/ /, "", $2); gsub(/ /, "", $4); printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $4}')
-        row "PyTorch $net, torch.profiler" "${top:-failed, see torch_profile_$net.txt}" \
-            "$(grep -o '[0-9.]* ms a step' "$OUT/torch_profile_$net.txt" | head -1)"
+import sys
+rows = [l.split('|')[1:-1] for l in open(sys.argv[1]) if l.count('|') == 7 and l.split('|')[2].strip()[:1].isdigit()]
+rows = sorted(rows, key=lambda r: float(r[3]) - float(r[1]))[:3]
+print(', '.join('%s +%.2f ms' % (r[0].strip(), float(r[1]) - float(r[3])) for r in rows))
+" "$OUT/kernels_$net.txt" 2>/dev/null)
+        row "GPU kernels $net, ours - PyTorch" "${top:-failed, see kernels_$net.txt}" \
+            "$(grep -E '^\| (ours|PyTorch) \|' "$OUT/kernels_$net.txt" | awk -F'|' '{printf "%s%s wall %s host %s busy %s ms", (NR > 1 ? "; " : ""), $2, $4, $5, $6}' | tr -s ' ')"
     done
 fi
 # --- training on the GPU: alone and with workers sharing it ---------------------------------------------------------

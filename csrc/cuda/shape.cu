@@ -105,6 +105,48 @@ PCD_KERNEL void bias_forward(const int n, const float* x, const float* bias, con
   CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] + bias[(i / inner) % dim]; }
 }
 
+// A Convolution's bias and the in-place ReLU after it, in one pass over the top (gpu_fusion.ConvolutionReLU): y + b
+// as cuDNN's AddTensor and Caffe's bias GEMM (k = 1) round it, then relu_forward's max(v, 0) + slope min(v, 0).
+PCD_KERNEL void bias_relu_forward(const int n, const float* x, const float* bias, const int dim, const int inner,
+                                  const float negative_slope, float* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const float v = x[i] + bias[(i / inner) % dim];
+    y[i] = (v < 0.0f ? 0.0f : v) + negative_slope * (0.0f < v ? 0.0f : v);
+  }
+}
+
+// Concat's copies of all its bottoms in one launch, where concat_layer.cu launches one per bottom. Over the top's
+// n = outer * total * inner elements: bottom b (addresses[b]; 0: not copied) holds entries starts[b] ..
+// starts[b + 1] - 1 of the top's `total` along the axis. forward: the top from the bottoms' data; backward: the
+// bottoms' diffs from the top's.
+PCD_KERNEL void concat_many(const int n, const long long* addresses, const int* starts, const int total,
+                            const int inner, const int forward, float* top) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int a = i / inner % total;
+    int b = 0;
+    while (a >= starts[b + 1]) ++b;
+    float* const bottom = reinterpret_cast<float*>(addresses[b]);
+    if (bottom == 0) continue;
+    const int size = starts[b + 1] - starts[b];
+    const int j = (i / (inner * total) * size + (a - starts[b])) * inner + i % inner;
+    if (forward) {
+      top[i] = bottom[j];
+    } else {
+      bottom[j] = top[i];
+    }
+  }
+}
+
+// Split's gradient, the sum of its tops' diffs (addresses[0 .. tops - 1], tops >= 2), in one launch: split_layer.cu
+// adds the first two and axpys each other one, y = 1 x + y: the same float sums in the same order.
+PCD_KERNEL void split_sum_many(const int n, const int tops, const long long* addresses, float* sum) {
+  CUDA_KERNEL_LOOP(i, n) {
+    float v = reinterpret_cast<const float*>(addresses[0])[i] + reinterpret_cast<const float*>(addresses[1])[i];
+    for (int t = 2; t < tops; ++t) v = reinterpret_cast<const float*>(addresses[t])[i] + v;
+    sum[i] = v;
+  }
+}
+
 PCD_KERNEL void scale_forward(const int n, const float* x, const float* scale, const int dim, const int inner,
                               float* y) {
   CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] * scale[(i / inner) % dim]; }

@@ -11,11 +11,12 @@ CuPy's and cudarc's bindings; `_SIGNATURES` declares them all, so that a wrong a
 - The handle runs on the device's compute stream, in pycuda's primary context (current on the thread, as for
   cuBLAS). Workspaces come from the device's caching allocator, at most WORKSPACE_LIMIT_BYTES per call.
 - Convolution algorithms: cudnnFindConvolution*Algorithm (which times them, with memory of its own) once per
-  geometry and direction; the fastest that succeeded within the workspace limit is kept, among those that
-  multiply and add the inputs themselves (GEMM-like, direct): FFT and Winograd algorithms transform them and lose
-  some float32 accuracy, so cuDNN's results differ from Caffe's kernels' by summation order only
-  (PCD_CUDNN_TRANSFORMS=1 turns them on: faster for large kernels, errors of ~1e-5 relative. Caffe's own cuDNN
-  engine takes whatever cuDNN's heuristics prefer, transforms included).
+  geometry and direction; the fastest that succeeded within the workspace limit, in IEEE float32 math, is kept.
+  That includes the FFT and Winograd algorithms, which transform the inputs and lose some float32 accuracy (errors
+  of about 1e-5 of the output's magnitude, where GEMM-like and direct algorithms differ from Caffe's kernels by
+  summation order only), as Caffe's own cuDNN engine and PyTorch take them where cuDNN prefers them. They halve
+  AlexNet's iteration on an H200 (bench/nets.py --gpu: 13.1 ms against 25.9). PCD_CUDNN_TRANSFORMS=0 leaves them
+  out, for results closest to the CPU's.
 - Loading: libcudnn.so.9 from the nvidia-cudnn-cu12/-cu13 wheel (nvidia/cudnn/lib), the system's loader path, or
   $CUDA_HOME/lib64. cuDNN 9 dlopens its sub-libraries (graph, engines, ops, cnn, ...) and, from them, cuBLASLt
   and NVRTC: those found beside it or in the nvidia wheels are loaded first (RTLD_GLOBAL, dependencies first).
@@ -32,7 +33,7 @@ from ..errors import DeviceError
 
 DISABLE_VARIABLE = "PCD_CUDNN"          # PCD_CUDNN=0: never load cuDNN (the layers run Caffe's kernels)
 WORKSPACE_LIMIT_BYTES = 1 << 30         # the most workspace one convolution call may take (Caffe's cuDNN: 8 MiB)
-TRANSFORMS_VARIABLE = "PCD_CUDNN_TRANSFORMS"   # PCD_CUDNN_TRANSFORMS=1: FFT and Winograd convolutions (see above)
+TRANSFORMS_VARIABLE = "PCD_CUDNN_TRANSFORMS"   # PCD_CUDNN_TRANSFORMS=0: no FFT or Winograd convolutions (see above)
 MIN_VERSION = (8, 0, 0)                 # CUDNN_FMA_MATH and the v7-style API with group counts exist from 8.0
 
 # --- enums (cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h; the same values in cuDNN 8 and 9) ---------------------------
@@ -317,7 +318,7 @@ class Cudnn:
         self.call("cudnnCreate", ctypes.byref(self.handle), with_handle=False)
         self.call("cudnnSetStream", ctypes.c_void_p(stream_handle))
         self._descriptors = {}
-        self.algorithms = {}    # (direction, geometry) -> (algo, workspace bytes)
+        self.algorithms = {}    # (direction, geometry, transforms allowed) -> (algo, workspace bytes)
 
     def call(self, name, *args, with_handle=True, context=""):
         status = getattr(self.lib, name)(*(((self.handle,) if with_handle else ()) + args))
@@ -389,8 +390,8 @@ def _ptr(array):
 
 
 def transforms_allowed():
-    """Whether convolutions may take FFT and Winograd algorithms (PCD_CUDNN_TRANSFORMS=1)."""
-    return os.environ.get(TRANSFORMS_VARIABLE, "").strip() == "1"
+    """Whether convolutions may take FFT and Winograd algorithms: unless PCD_CUDNN_TRANSFORMS=0."""
+    return os.environ.get(TRANSFORMS_VARIABLE, "").strip() != "0"
 
 
 def choose_algorithm(results, limit=WORKSPACE_LIMIT_BYTES, excluded=frozenset()):
@@ -428,14 +429,16 @@ class ConvolutionOp:
         return "convolution x %s w %s pad %s stride %s group %d" % (x, w, pad, stride, group)
 
     def _algorithm(self, direction):
-        """(algo, workspace bytes) for 'forward', 'data' or 'filter': found once per geometry and direction."""
-        key = (direction, self.geometry)
+        """(algo, workspace bytes) for 'forward', 'data' or 'filter': found once per geometry and direction (and
+        whether transforms are allowed, which a process may change between nets)."""
+        allowed = transforms_allowed()
+        key = (direction, self.geometry, allowed)
         found = self.cudnn.algorithms.get(key)
         if found is None:
-            found = self.cudnn.algorithms[key] = self._find(direction)
+            found = self.cudnn.algorithms[key] = self._find(direction, allowed)
         return found
 
-    def _find(self, direction):
+    def _find(self, direction, transforms):
         c = self.cudnn
         count_name, find_name, size_name, descriptors = {
             "forward": ("cudnnGetConvolutionForwardAlgorithmMaxCount", "cudnnFindConvolutionForwardAlgorithm",
@@ -451,7 +454,7 @@ class ConvolutionOp:
         results = (AlgoPerf * max(1, wanted.value))()
         returned = ctypes.c_int()
         c.call(find_name, *descriptors, len(results), ctypes.byref(returned), results, context=self.describe())
-        chosen = choose_algorithm(results[:returned.value], excluded=frozenset() if transforms_allowed()
+        chosen = choose_algorithm(results[:returned.value], excluded=frozenset() if transforms
                                   else TRANSFORM_ALGORITHMS[direction])
         if chosen is None:
             # Nothing fit or ran: algorithm 0 of each direction (implicit GEMM; ALGO_0), which needs little or no

@@ -380,8 +380,9 @@ class _BaseConvolution(Layer):
                                       self.force_nd_im2col)
         return self._gpu
 
-    def forward_gpu(self, bottom, top):
-        if cudnn_engine.convolution_forward(self, bottom, top):     # engine CUDNN (layers/cudnn_engine.py)
+    def forward_gpu(self, bottom, top, bias=True):
+        """bias=False leaves the bias out (net/gpu_fusion.ConvolutionReLU adds it with the ReLU after)."""
+        if cudnn_engine.convolution_forward(self, bottom, top, bias):     # engine CUDNN (layers/cudnn_engine.py)
             return
         dev, engine = select.current(), self.gpu_engine()
         w, spatial = self.blobs[0].gpu_data, count(self.output_spatial)
@@ -391,7 +392,7 @@ class _BaseConvolution(Layer):
                 engine.output_to_image(self, dev, w, x, self.num, ims_out=y)
             else:
                 engine.image_to_output(self, dev, w, x, self.num, out=y)
-            if self.bias_term:
+            if self.bias_term and bias:
                 gpu_add_bias(self, dev, self.blobs[1].gpu_data, y, self.num, self.num_output, spatial)
 
     def backward_gpu(self, top, propagate_down, bottom):

@@ -120,7 +120,8 @@ def convolution_op(layer):
     return _kept_op(layer, key, make)
 
 
-def convolution_forward(layer, bottom, top):
+def convolution_forward(layer, bottom, top, bias=True):
+    """bias=False: without the bias (the caller adds it)."""
     op = convolution_op(layer)
     if op is None:
         return False
@@ -131,7 +132,7 @@ def convolution_forward(layer, bottom, top):
             op.backward_data(dev, w, b.gpu_data, y)     # CuDNNDeconvolutionLayer: top = W^T bottom
         else:
             op.forward(dev, b.gpu_data, w, y)
-        if layer.bias_term:
+        if layer.bias_term and bias:
             op.add_bias(layer.blobs[1].gpu_data, y, side="x" if layer.reverse_dimensions else "y")
     return True
 

@@ -1,6 +1,9 @@
 """Device code that several layer modules run, kept here so that no layer module imports another's helpers:
-Caffe's ones multiplier (Convolution, Deconvolution, InnerProduct, Embed) and its softmax pass (Softmax and the
-softmax losses, after softmax_layer.cu)."""
+Caffe's ones multiplier (Convolution, Deconvolution, InnerProduct, Embed), its softmax pass (Softmax and the
+softmax losses, after softmax_layer.cu), and the address tables of the kernels that take several blobs in one
+launch (Concat, Split)."""
+import numpy as np
+
 from ..backend import select
 
 # The softmax pass's floating-point operations per element: max, subtract, exp, sum, divide (the CPU kernel takes
@@ -11,6 +14,19 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5
 def gpu_ones(layer, size):
     """Caffe's bias_multiplier_: a device vector of at least `size` ones kept by `layer` (it only grows)."""
     return layer.buffer("ones", size, fill=1.0, device=True, at_least=True)
+
+
+def gpu_table(layer, name, values, dtype):
+    """A device array of `values` (blob addresses as int64, sizes as int32) kept by `layer` under `name`, uploaded
+    again only where the values change (a reshape, another device): one launch over several blobs reads it, where
+    Caffe launches once per blob."""
+    dev = select.current()
+    tables = layer.__dict__.setdefault("gpu_tables", {})
+    key = (dev, tuple(values))
+    held = tables.get(name)
+    if held is None or held[0] != key:
+        held = tables[name] = (key, dev.to_device(np.array(values, dtype)))
+    return held[1]
 
 
 def gpu_softmax(x, y, outer, channels, inner, scale):

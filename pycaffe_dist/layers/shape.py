@@ -10,6 +10,7 @@ import numpy as np
 from ..backend import select
 from ..blob.blob import count
 from .base import Layer, checked_axis
+from .gpu_helpers import gpu_table
 from .registry import register
 
 
@@ -67,17 +68,19 @@ class SplitLayer(Layer):
     forward_gpu = forward               # the shared memory holds the device copy too: nothing moves
 
     def backward_gpu(self, top, propagate_down, bottom):
-        # split_layer.cu: copy one top diff, else add the first two and axpy the others
+        # split_layer.cu: copy one top diff, else add the first two and axpy the others (here in one launch with
+        # the same sums, where there are more than two)
         if not propagate_down[0]:
             return
         dev = select.current()
         diff = bottom[0].mutable_gpu_diff
         if len(top) == 1:
             dev.copy(diff, top[0].gpu_diff)
-            return
-        dev.launch("gpu_add", diff.size, top[0].gpu_diff, top[1].gpu_diff, diff)
-        for t in top[2:]:
-            dev.axpy(diff.size, 1.0, t.gpu_diff, diff)
+        elif len(top) == 2:
+            dev.launch("gpu_add", diff.size, top[0].gpu_diff, top[1].gpu_diff, diff)
+        else:
+            tops = gpu_table(self, "tops", [t.gpu_diff.ptr for t in top], np.int64)
+            dev.launch("split_sum_many", diff.size, len(top), tops, diff)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -140,29 +143,29 @@ class ConcatLayer(Layer):
                 b.diff[...] = diff[_axis_slices(self.axis, start, stop)]
             start = stop
 
+    # On the GPU every bottom is copied in one launch (concat_many), where concat_layer.cu launches one per bottom.
     def forward_gpu(self, bottom, top):
         if len(bottom) == 1:
             _share_gpu(self, top, bottom[0])
             return
-        dev = select.current()
-        y, axis = top[0].mutable_gpu_data, self.axis
-        outer, inner, start = top[0].count_range(0, axis), top[0].count_range(axis + 1), 0
-        for b in bottom:
-            _copy_axis_block(dev, b.gpu_data, b.shape[axis], 0, y, top[0].shape[axis], start, outer, b.shape[axis],
-                             inner)
-            start += b.shape[axis]
+        self._gpu_copies(bottom, top, [b.gpu_data for b in bottom], top[0].mutable_gpu_data, 1)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if len(bottom) == 1:
+        if len(bottom) == 1 or not any(propagate_down):
             return
-        dev = select.current()
-        diff, axis = top[0].gpu_diff, self.axis
-        outer, inner, start = top[0].count_range(0, axis), top[0].count_range(axis + 1), 0
-        for b, down in zip(bottom, propagate_down):
-            if down:
-                _copy_axis_block(dev, diff, top[0].shape[axis], start, b.mutable_gpu_diff, b.shape[axis], 0, outer,
-                                 b.shape[axis], inner)
-            start += b.shape[axis]
+        self._gpu_copies(bottom, top, [b.mutable_gpu_diff if down else None
+                                       for b, down in zip(bottom, propagate_down)], top[0].gpu_diff, 0)
+
+    def _gpu_copies(self, bottom, top, arrays, top_array, forward):
+        """concat_many over the top: `arrays` are the bottoms' (None: not copied)."""
+        axis = self.axis
+        starts = [0]
+        for b in bottom:
+            starts.append(starts[-1] + b.shape[axis])
+        addresses = gpu_table(self, "forward" if forward else "backward", [a.ptr if a is not None else 0
+                                                                          for a in arrays], np.int64)
+        select.current().launch("concat_many", top[0].count, addresses, gpu_table(self, "starts", starts, np.int32),
+                                top[0].shape[axis], top[0].count_range(axis + 1), forward, top_array)
 
 
 @register("Slice")

@@ -1,8 +1,11 @@
 """Runs of layers that the GPU runs as one kernel pass where Caffe runs them one by one: fewer passes over the
-same tensor, fewer launches, the same results up to rounding. Two runs, both of ResNet:
+same tensor, fewer launches, the same results up to rounding. Three runs:
 
-- BatchNorm followed by an in-place Scale (and the in-place ReLU after it, where there is one): `BatchNormScale`;
-- an Eltwise SUM of two bottoms followed by an in-place ReLU: `EltwiseSumReLU`.
+- BatchNorm followed by an in-place Scale (and the in-place ReLU after it, where there is one): `BatchNormScale`
+  (ResNet);
+- an Eltwise SUM of two bottoms followed by an in-place ReLU: `EltwiseSumReLU` (ResNet);
+- a Convolution with a bias followed by an in-place ReLU, forward only: `ConvolutionReLU` (nearly every conv of
+  AlexNet, VGG, GoogLeNet).
 
 Layers are fused only where nothing can tell:
 - the run's layers are in place on one blob (the Eltwise writes its own top, the ReLU works in place on it):
@@ -14,7 +17,8 @@ Layers are fused only where nothing can tell:
   (pycaffe's forward(end=...), a pipeline cut) sees each layer's own output (`dist_caffe time` times such layers
   together, as a training iteration runs them: net/timing.py);
 - the net prints no debug info (which shows each layer's output).
-A backward is fused as its forward was, and a backward run layer by layer after a fused forward is right too.
+A backward is fused as its forward was (where the run has a fused backward), and a backward run layer by layer after
+a fused forward is right too.
 The CPU path never fuses. tests/gpu/test_gpu_fusion_gpu.py compares the fused runs with the layers run apart, on
 the GPU and the CPU.
 
@@ -40,8 +44,16 @@ backward the ReLU reads y and dy and writes its diff, and the Eltwise scales tha
 Together: 3 forward (read a and b, write y), 5 backward (read y and dy, write the ReLU's diff, which stays visible
 in the blob as the layers leave it, and both bottoms' diffs). The arithmetic is the layers' (the axpy's fused
 multiply-add; with ResNet's coefficients of 1 the same bits).
+
+Convolution + ReLU. Apart, the forward adds the bias (cuDNN's AddTensor, or Caffe's GEMM against a ones vector)
+and the ReLU reads and writes the top again: two kernels after the convolution's. Fused, one kernel adds the bias
+and applies the ReLU (the same float operations: the same bits). What that saves is a launch more than a pass over
+memory: on a GPU shared with a driver that takes tens of microseconds a launch, GoogLeNet's 57 such pairs wait on
+the host more than on the GPU (bench/gpu_kernels.py). The backward stays the layers': the ReLU's backward reads the
+top, which holds what it holds apart.
 """
 from ..backend import select
+from ..blob.blob import count
 from ..layers import channel_sums
 from ..proto import caffe_pb2
 
@@ -50,7 +62,7 @@ def find(net):
     """{first layer id: run} for the runs of `net` that the GPU may run as one."""
     runs = {}
     for first in range(len(net.layers) - 1):
-        run = BatchNormScale.at(net, first) or EltwiseSumReLU.at(net, first)
+        run = BatchNormScale.at(net, first) or EltwiseSumReLU.at(net, first) or ConvolutionReLU.at(net, first)
         if run is not None:
             runs[first] = run
     return runs
@@ -68,6 +80,7 @@ def _in_place_relu(net, layer_id, blob, slope_zero=False):
 class LayerRun:
     """Layers first .. first + most - 1 of `net`, which the GPU may run as one: at least `least` of them."""
     least = 2
+    fuses_backward = True                   # False: the backward runs the layers apart, however the forward ran
 
     def __init__(self, net, first, most):
         self.net, self.first, self.most = net, first, most
@@ -206,3 +219,27 @@ class EltwiseSumReLU(LayerRun):
         dx = [b.mutable_gpu_diff if w else dy for b, w in zip(bottom, want)]
         select.current().launch("eltwise_sum_relu_backward", y.count, y.gpu_data, relu.param.relu_param.negative_slope,
                                 eltwise.coeffs[0], eltwise.coeffs[1], int(want[0]), int(want[1]), dy, dx[0], dx[1])
+
+
+class ConvolutionReLU(LayerRun):
+    """A Convolution (one bottom, one top, a bias) and the in-place ReLU (any slope) on its top; forward only."""
+    fuses_backward = False
+
+    @classmethod
+    def at(cls, net, conv_id):
+        conv = net.layers[conv_id]
+        if conv.type != "Convolution" or not conv.param.convolution_param.bias_term:
+            return None
+        bottoms, top = net.bottom_ids[conv_id], net.top_ids[conv_id]
+        if len(bottoms) != 1 or len(top) != 1 or not _in_place_relu(net, conv_id + 1, top[0]):
+            return None
+        return cls(net, conv_id, 2)
+
+    def forward(self, bottom, top, layers):
+        conv, relu = self.net.layers[self.first], self.net.layers[self.first + 1]
+        conv.forward_gpu(bottom, top, bias=False)
+        y = top[0]
+        select.current().launch("bias_relu_forward", y.count, y.gpu_data, conv.blobs[1].gpu_data, conv.num_output,
+                                max(count(conv.output_spatial), 1), relu.param.relu_param.negative_slope,
+                                y.mutable_gpu_data)
+        self.forward_fused = layers

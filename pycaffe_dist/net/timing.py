@@ -29,8 +29,8 @@ class LayerClock:
 
 def steps(net, gpu):
     """The (first, last) layer ranges timed one at a time: each layer alone, except on the GPU the layers that the
-    net's last whole forward ran as one (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU), Eltwise + ReLU), timed
-    together as a training iteration runs them."""
+    net's last whole forward ran as one (net/gpu_fusion.py: BatchNorm + Scale (+ ReLU), Eltwise + ReLU,
+    Convolution + ReLU), timed together as a training iteration runs them."""
     runs = {}
     if gpu:
         for first, fusion in net.fusions.items():
@@ -98,8 +98,8 @@ def format_timings(result):
         lines.append("Average wait for prefetched data: %.4f ms (%.1f%% of forward-backward)."
                      % (result["data_wait_ms"], share))
     if result.get("fused"):
-        lines.append("%d layers ran fused into the BatchNorm before them, as in training on the GPU: their time is "
-                     "on its line." % result["fused"])
+        lines.append("%d layers ran fused into the layer before them (a BatchNorm, an Eltwise or a Convolution), as "
+                     "in training on the GPU: their time is on its line." % result["fused"])
     lines.append(format_by_type(result))
     return "\n".join(lines)
 

@@ -9,6 +9,15 @@ from pycaffe_dist.errors import DeviceError
 _cuda = {}
 
 
+@pytest.fixture(autouse=True)
+def convolutions_without_transforms(monkeypatch):
+    """cuDNN's convolutions without FFT or Winograd (PCD_CUDNN_TRANSFORMS=0) unless a test allows them: these tests
+    hold cuDNN to our kernels and Caffe's goldens at summation-order tolerances. The transforms, allowed by default
+    (backend/cudnn.py), are held to their own tolerance in test_cudnn_gpu.py; the CLI and worker tests outside
+    tests/gpu train with the default."""
+    monkeypatch.setenv("PCD_CUDNN_TRANSFORMS", "0")
+
+
 def cuda_device():
     """The real device, or pytest.skip with why there is none (asked once per session)."""
     if "device" not in _cuda:

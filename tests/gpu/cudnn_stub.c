@@ -3,8 +3,8 @@
  * It has the prototypes of cuDNN 9's legacy API that pycaffe_dist/backend/cudnn.py binds, and computes what the
  * documentation says each call computes, naively, on host memory (the emulated device's "device memory"), for
  * packed float32 NCHW tensors. Every call checks what a real cuDNN would refuse: descriptors of the wrong kind or
- * not set, alpha not 1, beta not 0 or 1, a convolution run without CUDNN_FMA_MATH or with another algorithm or a
- * smaller workspace than the one Find reported. So the bindings' argument orders, the structs and the engine's use
+ * not set, alpha not 1, beta not 0 or 1, a convolution run without CUDNN_FMA_MATH or with an algorithm Find did
+ * not report as usable or a smaller workspace than it reported. So the bindings' argument orders, the structs and the engine's use
  * of them are checked here; what remains for a real GPU is cuDNN itself.
  */
 #include <math.h>
@@ -22,6 +22,8 @@ typedef struct { int algo, status; float time; size_t memory; int determinism, m
 static int handle_object;
 #define FIND_ALGO 1      /* no transform in any direction */
 #define FIND_BYTES 4096
+#define TRANSFORM_ALGO 4 /* a transform in every direction: FFT forward, Winograd backward */
+#define TRANSFORM_BYTES 16
 
 static cudnnStatus_t create(void **out, int kind) {
     Desc *d = calloc(1, sizeof(Desc));
@@ -115,15 +117,16 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithmMaxCount(void *handle, int *n) 
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithmMaxCount(void *handle, int *n) { return max_count(handle, n); }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(void *handle, int *n) { return max_count(handle, n); }
 
-/* Find, fastest first: one that failed, one on TF32 tensor cores, a Winograd / FFT one (4 in every direction),
- * all to be passed over; then FIND_ALGO with FIND_BYTES of workspace. */
+/* Find, fastest first: one that failed and one on TF32 tensor cores, to be passed over; TRANSFORM_ALGO, taken
+ * where transforms are allowed; then FIND_ALGO with FIND_BYTES of workspace. */
 static cudnnStatus_t find(void *handle, int ok, int requested, int *returned, Perf *perf) {
     HANDLE;
     if (!ok || requested < 4) return BAD_PARAM;
     memset(perf, 0, 4 * sizeof(Perf));
     perf[0].algo = 0; perf[0].status = NOT_SUPPORTED; perf[0].mathType = 3; perf[0].time = 0.1f;
     perf[1].algo = 0; perf[1].status = OK; perf[1].mathType = 1; perf[1].time = 0.2f; perf[1].memory = 16;
-    perf[2].algo = 4; perf[2].status = OK; perf[2].mathType = 3; perf[2].time = 0.3f; perf[2].memory = 16;
+    perf[2].algo = TRANSFORM_ALGO; perf[2].status = OK; perf[2].mathType = 3; perf[2].time = 0.3f;
+    perf[2].memory = TRANSFORM_BYTES;
     perf[3].algo = FIND_ALGO; perf[3].status = OK; perf[3].mathType = 3; perf[3].time = 0.4f;
     perf[3].memory = FIND_BYTES;
     *returned = 4;
@@ -146,7 +149,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(void *handle, const vo
 static cudnnStatus_t size(void *handle, int ok, int algo, size_t *bytes) {
     HANDLE;
     if (!ok) return BAD_PARAM;
-    *bytes = algo == FIND_ALGO ? FIND_BYTES : 0;
+    *bytes = algo == FIND_ALGO ? FIND_BYTES : algo == TRANSFORM_ALGO ? TRANSFORM_BYTES : 0;
     return OK;
 }
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(void *handle, const void *x, const void *w, const void *conv,
@@ -162,7 +165,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(void *handle, const
     return size(handle, conv_ok(x, dw, conv, dy), algo, b);
 }
 static int run_ok(const void *conv, int algo, const void *ws, size_t bytes) {
-    return T(conv)[7] == 3 && algo == FIND_ALGO && ws != NULL && bytes >= FIND_BYTES;
+    return T(conv)[7] == 3 && ws != NULL &&
+           ((algo == FIND_ALGO && bytes >= FIND_BYTES) || (algo == TRANSFORM_ALGO && bytes >= TRANSFORM_BYTES));
 }
 
 /* The convolution's taps: calls f(x index, w index, y index) for every product of y = w * x. */

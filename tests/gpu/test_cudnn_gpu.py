@@ -7,8 +7,9 @@ warning, CAFFE honoured, the fall-back where cuDNN is missing), and which layer 
 On a real GPU with cuDNN (skipped, with the reason, elsewhere): each layer with engine CUDNN against the same
 layer with engine CAFFE (our CUDA kernels), forward and backward, on the same inputs, parameters, top diffs and
 starting parameter diffs (both accumulate into them). cuDNN sums in other orders (IEEE float32 all the same: FMA
-math, no TF32, no FFT or Winograd transforms), so the results agree to rtol 1e-4 with an atol of 1e-4 for
-convolutions (sums of up to 288 products, outputs of order 1 to 10) and 1e-5 for the other layers.
+math, no TF32; no FFT or Winograd transforms, which tests/gpu/conftest.py turns off), so the results agree to rtol
+1e-4 with an atol of 1e-4 for convolutions (sums of up to 400 products, outputs of order 1 to 10) and 1e-5 for the
+other layers. With transforms allowed (the default), convolutions agree to 1e-3 of the output's largest magnitude.
 """
 import ctypes
 import inspect
@@ -34,6 +35,7 @@ from tests.layers.gradient_checker import layer_param
 TRAIN = caffe_pb2.TRAIN
 RNG = np.random.default_rng(2024)
 CONV_TOL = dict(rtol=1e-4, atol=1e-4)
+TRANSFORM_ERROR = 1e-3      # FFT and Winograd: of the largest magnitude (a wrong result is off by about all of it)
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
@@ -132,14 +134,14 @@ def test_the_fastest_algorithm_that_ran_fits_and_is_ieee_is_chosen():
     assert cudnn.choose_algorithm(results) == (4, 1024)
     assert cudnn.choose_algorithm([perf(2, math=cudnn.CUDNN_DEFAULT_MATH)]) == (2, 0)
     assert cudnn.choose_algorithm([perf(0, status=2000)]) is None
-    # FFT and Winograd are left out unless PCD_CUDNN_TRANSFORMS=1 (backend/cudnn.py)
+    # FFT and Winograd are left out where PCD_CUDNN_TRANSFORMS=0 (backend/cudnn.py)
     assert cudnn.choose_algorithm([perf(4), perf(6), perf(1)], excluded=cudnn.TRANSFORM_ALGORITHMS["forward"]) \
         == (1, 0)
 
 
-def test_transform_algorithms_are_allowed_on_request(monkeypatch):
+def test_transform_algorithms_are_allowed_unless_turned_off(monkeypatch):
     monkeypatch.delenv(cudnn.TRANSFORMS_VARIABLE, raising=False)
-    assert not cudnn.transforms_allowed()
+    assert cudnn.transforms_allowed()
     monkeypatch.setenv(cudnn.TRANSFORMS_VARIABLE, "1")
     assert cudnn.transforms_allowed()
     monkeypatch.setenv(cudnn.TRANSFORMS_VARIABLE, "0")
@@ -401,14 +403,17 @@ def run_layer(text, bottoms, engine, params=None, num_tops=1, in_place=False, se
     return layer, out
 
 
-def compare_engines(text, bottoms, tol=TOL, **kwargs):
-    """The layer with engine CUDNN (which must run cuDNN) against engine CAFFE (our kernels)."""
+def compare_engines(text, bottoms, tol=TOL, of_largest=None, **kwargs):
+    """The layer with engine CUDNN (which must run cuDNN) against engine CAFFE (our kernels); with `of_largest`,
+    each result agrees to that fraction of its largest magnitude instead of `tol`."""
     ours, want = run_layer(text, bottoms, "CAFFE", **kwargs)
     theirs, got = run_layer(text, bottoms, "CUDNN", params=want["params"], **kwargs)
     assert "_cudnn_op" in theirs.__dict__, "engine CUDNN did not run cuDNN"
     assert "_cudnn_op" not in ours.__dict__, "engine CAFFE ran cuDNN"
     for key in want:
         if key != "params":
+            if of_largest is not None:
+                tol = dict(rtol=0, atol=of_largest * float(np.abs(want[key]).max()))
             np.testing.assert_allclose(got[key], want[key], err_msg="%s: %s" % (text, key), **tol)
     return theirs
 
@@ -433,6 +438,29 @@ CONV_CASES = [
 @pytest.mark.parametrize("extra,shape,num_output", CONV_CASES)
 def test_convolution(gpu_with_cudnn, extra, shape, num_output):
     compare_engines(conv_text(extra, num_output=num_output), [data(*shape)], tol=CONV_TOL)
+
+
+@pytest.mark.parametrize("extra,shape,num_output", CONV_CASES)
+def test_convolution_with_transforms_allowed(gpu_with_cudnn, monkeypatch, extra, shape, num_output):
+    monkeypatch.delenv(cudnn.TRANSFORMS_VARIABLE)       # the default
+    compare_engines(conv_text(extra, num_output=num_output), [data(*shape)], of_largest=TRANSFORM_ERROR)
+
+
+def test_the_default_takes_a_transform_where_find_puts_it_first(gpu_with_cudnn, monkeypatch):
+    """Each geometry and direction is found once per setting of PCD_CUDNN_TRANSFORMS; with =0 no transform is ever
+    taken. The stand-in's Find puts a transform first in every direction; a real cuDNN's choice depends on it."""
+    text = conv_text("kernel_size: 5 pad: 2", num_output=32)
+    layer, _ = run_layer(text, [data(4, 16, 14, 14)], "CUDNN")
+    geometry = layer._cudnn_op[1].geometry
+    ctx = cudnn.for_device(gpu_with_cudnn)
+    monkeypatch.delenv(cudnn.TRANSFORMS_VARIABLE)
+    run_layer(text, [data(4, 16, 14, 14)], "CUDNN")
+    chosen = {(key[0], key[2]): algo for key, (algo, _) in ctx.algorithms.items() if key[1] == geometry}
+    assert set(chosen) == {(d, t) for d in ("forward", "data", "filter") for t in (False, True)}
+    for direction in ("forward", "data", "filter"):
+        assert chosen[direction, False] not in cudnn.TRANSFORM_ALGORITHMS[direction]
+        if gpu_with_cudnn.name.startswith("emulated"):
+            assert chosen[direction, True] in cudnn.TRANSFORM_ALGORITHMS[direction]
 
 
 def test_convolution_of_two_bottoms(gpu_with_cudnn):

@@ -1,5 +1,5 @@
-"""Layer runs the GPU runs as one (pycaffe_dist/net/gpu_fusion.py), BatchNorm + in-place Scale (+ in-place ReLU) and
-Eltwise SUM + in-place ReLU: the same outputs and gradients as the CPU path and as the layers run apart on the GPU,
+"""Layer runs the GPU runs as one (pycaffe_dist/net/gpu_fusion.py), BatchNorm + in-place Scale (+ in-place ReLU),
+Eltwise SUM + in-place ReLU and Convolution + in-place ReLU: the same outputs and gradients as the CPU path and as the layers run apart on the GPU,
 for every phase and setting of the run; which runs are fused and which are not; a range that ends between them sees
 each layer's own output; a backward layer by layer after a fused forward."""
 import numpy as np
@@ -205,7 +205,11 @@ net_param {
   layer { name: "data" type: "DummyData" top: "data" top: "label"
           dummy_data_param { shape { dim: 4 dim: 3 dim: 6 dim: 5 } shape { dim: 4 }
                              data_filler { type: "gaussian" std: 2 } data_filler { type: "constant" value: 1 } } }
-  layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  layer { name: "pre" type: "Convolution" bottom: "data" top: "pre"
+          convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "gaussian" std: 0.5 } } }
+  layer { name: "pre_relu" type: "ReLU" bottom: "pre" top: "pre" }
+  layer { name: "conv" type: "Convolution" bottom: "pre" top: "conv"
           convolution_param { num_output: 5 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 } } }
   layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
   layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
@@ -223,8 +227,8 @@ net_param {
 
 def test_training_with_fused_layers_equals_the_cpu(gpu, tmp_path):
     """Six solver steps (momentum, weight decay, BatchNorm's moving averages and their weight on the device; a
-    ResNet block's Eltwise + ReLU; the loss read after the pass; the one-launch SGD update) give the CPU's weights
-    and statistics."""
+    ResNet block's Eltwise + ReLU; a Convolution + ReLU; the loss read after the pass; the one-launch SGD update)
+    give the CPU's weights and statistics."""
     from pycaffe_dist.solver.solver import Solver
     results = []
     for on_gpu in (False, True):
@@ -236,6 +240,7 @@ def test_training_with_fused_layers_equals_the_cpu(gpu, tmp_path):
         if on_gpu:
             assert solver.net.fusions[solver.net.layer_index("bn")].forward_fused == 3
             assert solver.net.fusions[solver.net.layer_index("sum")].forward_fused == 2
+            assert solver.net.fusions[solver.net.layer_index("pre")].forward_fused == 2
         net = solver.net
         results.append({"%s/%d" % (net.layer_names[layer], i): net.layers[layer].blobs[i].data.copy()
                         for layer, i in net.param_layer_index})
@@ -291,11 +296,18 @@ ELTWISE_SETTINGS = [
 def test_a_fused_eltwise_sum_and_relu_equal_the_cpu_and_the_layers_apart(gpu, setting):
     setting = dict(setting)
     expected = setting.pop("fused", 2)
-    text = eltwise_text(**setting)
+    fused_and_compared(gpu, eltwise_text(**setting), expected)
+
+
+def fused_and_compared(gpu, text, expected):
+    """The net of `text` run fused (its one run fusing `expected` layers; 0: none) against the CPU and against the
+    layers apart on the GPU; returns the fused and the apart net."""
     fused = run(text, True)
     assert [f.forward_fused for f in fused.fusions.values()] == ([expected] if expected else [])
     compare(fused, run(text, False), tolerance(gpu))
-    compare(fused, run(text, True, fused=False), tolerance(gpu))
+    apart = run(text, True, fused=False)
+    compare(fused, apart, tolerance(gpu))
+    return fused, apart
 
 
 def test_the_fused_eltwise_leaves_the_relus_diff_in_the_blob(gpu):
@@ -327,3 +339,78 @@ def test_a_range_that_ends_at_the_eltwise_sees_the_sum(gpu):
     net.forward_from_to(0, net.layer_index("relu"))
     assert fusion.forward_fused == 2
     np.testing.assert_allclose(net.blob_by_name("sum").data, np.maximum(a + b, 0), rtol=1e-6)
+
+
+# --- Convolution + ReLU ---------------------------------------------------------------------------------------------
+
+def conv_relu_text(conv="", relu="", relu_in_place=True, two=False, lr=""):
+    """Input -> Convolution (+ bias) -> ReLU -> InnerProduct -> SoftmaxWithLoss, AlexNet's and GoogLeNet's pattern.
+    two: the Convolution has two bottoms and two tops."""
+    relu_top = "conv" if relu_in_place else "relu_out"
+    split = 'layer { name: "copy" type: "Split" bottom: "data" top: "data_a" top: "data_b" }' if two else ""
+    conv_io = 'bottom: "data_a" bottom: "data_b" top: "conv" top: "conv_b"' if two else 'bottom: "data" top: "conv"'
+    return '''
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: %d dim: 4 dim: 6 dim: 5 } shape { dim: %d } } }
+%s
+layer { name: "conv" type: "Convolution" %s %s
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.3 }
+                            bias_filler { type: "gaussian" std: 0.5 } %s } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "%s" %s }
+layer { name: "fc" type: "InnerProduct" bottom: "%s" top: "fc"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+''' % (BATCH, BATCH, split, conv_io, lr, conv, relu_top, relu, relu_top)
+
+
+CONV_RELU_SETTINGS = [
+    dict(),
+    dict(relu="relu_param { negative_slope: 0.1 }"),
+    dict(conv="stride: 2 group: 2", relu="relu_param { engine: CAFFE }"),
+    dict(lr="param { lr_mult: 0 } param { lr_mult: 0 }"),              # frozen: no parameter gradients
+    dict(conv="bias_term: false", fused=0),                             # nothing to add: run apart
+    dict(relu_in_place=False, fused=0),                                 # the convolution's top stays visible
+    dict(two=True, fused=0),                                            # two bottoms and tops: run apart
+]
+
+
+@pytest.mark.parametrize("setting", CONV_RELU_SETTINGS, ids=[str(i) for i in range(len(CONV_RELU_SETTINGS))])
+def test_a_fused_convolution_and_relu_equal_the_cpu_and_the_layers_apart(gpu, setting):
+    setting = dict(setting)
+    expected = setting.pop("fused", 2)
+    fused, apart = fused_and_compared(gpu, conv_relu_text(**setting), expected)
+    for a, b, name in zip(fused.blob_list, apart.blob_list, fused.blob_names):     # the same float operations
+        np.testing.assert_array_equal(a.data, b.data, err_msg=name)
+
+
+def test_a_fused_convolution_and_relu_make_one_launch_for_the_bias_and_the_relu(gpu, monkeypatch):
+    """(The ReLU's engine is CAFFE, so that apart it is a launch of ours on a GPU with cuDNN too.)"""
+    calls = []
+    launch = gpu.launch
+    monkeypatch.setattr(gpu, "launch", lambda kernel, *args: calls.append(kernel) or launch(kernel, *args))
+    net = build(conv_relu_text(relu="relu_param { engine: CAFFE }"))
+    feed(net)
+    net.forward_from_to()
+    assert calls.count("bias_relu_forward") == 1 and "relu_forward" not in calls
+    calls.clear()
+    net.fusions = {}
+    net.forward_from_to()
+    assert "bias_relu_forward" not in calls and calls.count("relu_forward") == 1
+
+
+def test_a_convolution_backward_layer_by_layer_after_a_fused_forward(gpu):
+    text = conv_relu_text(relu="relu_param { negative_slope: 0.2 }")
+    compare(run(text, True, layer_by_layer=True), run(text, False), tolerance(gpu))
+
+
+def test_a_range_that_ends_at_the_convolution_sees_the_bias_without_the_relu(gpu):
+    net = build(conv_relu_text())
+    feed(net)
+    net.forward_from_to(0, net.layer_index("conv"))
+    fusion = net.fusions[net.layer_index("conv")]
+    assert not fusion.forward_fused
+    conv = net.blob_by_name("conv").data.copy()
+    assert (conv < 0).any()                             # the ReLU did not run
+    net.forward_from_to(0, net.layer_index("relu"))
+    assert fusion.forward_fused == 2
+    np.testing.assert_array_equal(net.blob_by_name("conv").data, np.maximum(conv, 0))

@@ -102,9 +102,10 @@ def test_the_unrolled_net_runs_on_the_device(gpu, type_name):
     layer.reshape(bottom, tops)
     for blob in bottom + layer.blobs:
         blob.gpu_data                                   # inputs and weights on the device beforehand
-    layer.forward_gpu(bottom, tops)                    # a first pass allocates the inner blobs
-    tops[0].diff[...] = top_diffs[0]
+    layer.forward_gpu(bottom, tops)                    # a first pass allocates the inner blobs (and uploads the
+    tops[0].diff[...] = top_diffs[0]                   # address tables of its Concat and Split layers)
     tops[0].gpu_diff
+    layer.backward_gpu(tops, down, bottom)
     with device_work(gpu) as work:
         layer.forward_gpu(bottom, tops)
         layer.backward_gpu(tops, down, bottom)

@@ -87,6 +87,35 @@ def test_concat_some_bottoms_only(gpu):
     np.testing.assert_array_equal(got["bottom diff 1"], inputs(*shapes, seed=50)[1])
 
 
+def test_concat_and_split_take_one_launch_over_all_their_blobs(gpu):
+    """Caffe launches a copy per Concat bottom and an axpy per Split top after the second; here one kernel takes
+    them all, from a table of their addresses uploaded once (again where one changes)."""
+    shapes = [(2, 3, 4), (2, 2, 4), (2, 1, 4)]
+    bottom, top = bottoms_of(inputs(*shapes)), [Blob()]
+    concat = create_layer(layer_param('type: "Concat"'), 0)     # TRAIN
+    concat.setup(bottom, top)
+    concat.reshape(bottom, top)
+    concat.forward_gpu(bottom, top)         # the tables' first upload
+    top[0].diff[...] = inputs((2, 6, 4), seed=9)[0]
+    concat.backward_gpu(top, [True, False, True], bottom)
+    with device_work(gpu) as work:
+        concat.forward_gpu(bottom, top)
+        concat.backward_gpu(top, [True, False, True], bottom)
+    assert work == {"launch": 2}
+    tops = [Blob() for _ in range(4)]
+    split = create_layer(layer_param('type: "Split"'), 0)     # TRAIN
+    split.setup(bottom[:1], tops)
+    split.reshape(bottom[:1], tops)
+    for t, diff in zip(tops, inputs(*[shapes[0]] * 4, seed=30)):
+        t.diff[...] = diff
+    split.backward_gpu(tops, [True], bottom[:1])
+    with device_work(gpu) as work:
+        split.backward_gpu(tops, [True], bottom[:1])
+    assert work == {"launch": 1}
+    want = inputs(*[shapes[0]] * 4, seed=30)
+    np.testing.assert_array_equal(bottom[0].diff, ((want[0] + want[1]) + want[2]) + want[3])
+
+
 def test_concat_of_one_bottom_shares_it(gpu):
     got = run(gpu, 'type: "Concat"', [SHAPE], on_device=False)
     np.testing.assert_array_equal(got["top 0"], inputs(SHAPE)[0])

@@ -46,7 +46,11 @@ def test_gpu_mode_times_each_layer_with_device_events(emulated_gpu, monkeypatch)
     monkeypatch.setattr(emulated_gpu, "elapsed_ms", counted)
     net = build()
     result = timing.time_net(net, iterations=3)
-    assert len(measured) == 3 * 2 * len(net.layers)       # a forward and a backward per layer and iteration
+    # a forward and a backward per step and iteration: each layer, but the Convolution and its ReLU, as one
+    conv = net.layer_index("conv")
+    assert timing.steps(net, gpu=True) == [(i, i) for i in range(conv)] + [(conv, conv + 1)] + \
+        [(i, i) for i in range(conv + 2, len(net.layers))]
+    assert len(measured) == 3 * 2 * (len(net.layers) - 1)
     assert all(stop >= start for start, stop in measured)
     assert all(f >= 0 and b >= 0 for _, _, f, b in result["layers"])
 
@@ -87,7 +91,7 @@ def test_gpu_mode_times_fused_layers_as_one(emulated_gpu):
     assert net.fusions[bn].forward_fused == 3
     times = {name: (f, b) for name, _, f, b in result["layers"]}
     assert times["scale"] == times["relu"] == (0.0, 0.0) and times["bn"][0] > 0
-    assert "2 layers ran fused into the BatchNorm" in timing.format_timings(result)
+    assert "2 layers ran fused into the layer before them" in timing.format_timings(result)
 
 
 def test_gpu_mode_times_layers_apart_where_they_did_not_run_fused(emulated_gpu):
