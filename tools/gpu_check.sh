@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check in one command, on a machine with an NVIDIA GPU, nvcc and PyTorch: build the kernels for it, run
 # the real-GPU tests, bench/nets.py --gpu (and without FFT and Winograd convolutions), the GPU kernels of the big
-# nets beside PyTorch's, a LeNet training on GPU 0 alone and with 4 workers sharing it; print one table. Run from anywhere; it works in the
-# checkout it belongs to.
+# nets beside PyTorch's, a LeNet training on GPU 0 alone and with 4 workers sharing it; print one table. Run from
+# anywhere; it works in the checkout it belongs to.
 #
 #   tools/gpu_check.sh                 # everything (about 6 minutes on an H200)
 #   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh

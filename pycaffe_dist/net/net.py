@@ -391,7 +391,8 @@ class Net:
         (net/gpu_fusion.py), where the range holds them all; how many layers that was (0: none)."""
         fusion = self._fusion_members.get(layer_id)
         if fusion is None or not fusion.fuses_backward or not fusion.forward_fused or \
-                fusion.first + fusion.forward_fused - 1 != layer_id or fusion.first < end or not fusion.needs_backward():
+                fusion.first + fusion.forward_fused - 1 != layer_id or fusion.first < end or \
+                not fusion.needs_backward():
             return 0
         fusion.backward(*self._vecs(fusion.first))
         return fusion.forward_fused

@@ -4,8 +4,8 @@
  * documentation says each call computes, naively, on host memory (the emulated device's "device memory"), for
  * packed float32 NCHW tensors. Every call checks what a real cuDNN would refuse: descriptors of the wrong kind or
  * not set, alpha not 1, beta not 0 or 1, a convolution run without CUDNN_FMA_MATH or with an algorithm Find did
- * not report as usable or a smaller workspace than it reported. So the bindings' argument orders, the structs and the engine's use
- * of them are checked here; what remains for a real GPU is cuDNN itself.
+ * not report as usable or a smaller workspace than it reported. So the bindings' argument orders, the structs and
+ * the engine's use of them are checked here; what remains for a real GPU is cuDNN itself.
  */
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 """Layer runs the GPU runs as one (pycaffe_dist/net/gpu_fusion.py), BatchNorm + in-place Scale (+ in-place ReLU),
-Eltwise SUM + in-place ReLU and Convolution + in-place ReLU: the same outputs and gradients as the CPU path and as the layers run apart on the GPU,
-for every phase and setting of the run; which runs are fused and which are not; a range that ends between them sees
-each layer's own output; a backward layer by layer after a fused forward."""
+Eltwise SUM + in-place ReLU and Convolution + in-place ReLU: the same outputs and gradients as the CPU path and as
+the layers run apart on the GPU, for every phase and setting of the run; which runs are fused and which are not; a
+range that ends between them sees each layer's own output; a backward layer by layer after a fused forward."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
