@@ -52,9 +52,6 @@ PCD_DEVICE void walk_next(ChannelWalk& w) {
   }
 }
 
-// ReLU with slope 0, as relu_forward computes it (neuron.cu): max(v, 0) + 0 * min(v, 0), so a NaN stays NaN.
-PCD_DEVICE float relu0(const float v) { return (v < 0.0f ? 0.0f : v) + 0.0f * (0.0f < v ? 0.0f : v); }
-
 // The Scale's output for x_norm v in channel c: v * scale[c] (+ bias[c] where has_bias). The fused backward
 // recomputes it from the kept x_norm to know where the ReLU let the gradient through: the same float operations on
 // the same values, so the same bits as the forward's.
@@ -233,7 +230,7 @@ PCD_KERNEL void batch_norm_scale_normalize(const int n, const float* x, const fl
     const float v = (x[i] - mean[c]) / std_dev[c];
     x_norm[i] = v;
     const float t = scaled_value(v, scale, bias, has_bias, c);
-    y[i] = relu ? relu0(t) : t;
+    y[i] = relu ? relu_value(t, 0.0f) : t;
   }
 }
 

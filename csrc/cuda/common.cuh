@@ -30,3 +30,9 @@ static inline float atomicAdd(float* address, float value) { float old = *addres
 
 #define CUDA_KERNEL_LOOP(i, n) \
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+
+// Caffe's ReLU of slope s, max(v, 0) + s min(v, 0) (so a NaN stays NaN): every kernel that applies one, the layer's
+// (neuron.cu) and the fused runs' (channel.cu, shape.cu), computes it here, so the fused results are the same bits.
+PCD_DEVICE float relu_value(const float v, const float negative_slope) {
+  return (v < 0.0f ? 0.0f : v) + negative_slope * (0.0f < v ? 0.0f : v);
+}

@@ -15,8 +15,7 @@ PCD_DEVICE float neuron_sigmoid(const float v) { return 1.0f / (1.0f + expf(-v))
 
 PCD_KERNEL void relu_forward(const int n, const float* x, const float negative_slope, float* y) {
   CUDA_KERNEL_LOOP(i, n) {
-    const float v = x[i];
-    y[i] = neuron_max0(v) + negative_slope * neuron_min0(v);
+    y[i] = relu_value(x[i], negative_slope);
   }
 }
 

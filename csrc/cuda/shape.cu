@@ -73,12 +73,11 @@ PCD_KERNEL void eltwise_max_backward(const int n, const float* dy, const int* ma
 // --- Eltwise SUM of two bottoms with the in-place ReLU after it, as one (net/gpu_fusion.py) -----------------------
 
 // y = relu(c0 a + c1 b): the Eltwise's gpu_scale then axpy (a fused multiply-add, as cuBLAS's saxpy), then
-// relu_forward's max(v, 0) + slope min(v, 0) (neuron.cu). y may not be a or b (the Eltwise is not in place).
+// the ReLU (common.cuh's relu_value, as relu_forward). y may not be a or b (the Eltwise is not in place).
 PCD_KERNEL void eltwise_sum_relu_forward(const int n, const float c0, const float* a, const float c1, const float* b,
                                          const float negative_slope, float* y) {
   CUDA_KERNEL_LOOP(i, n) {
-    const float v = fmaf(c1, b[i], c0 * a[i]);
-    y[i] = (v < 0.0f ? 0.0f : v) + negative_slope * (0.0f < v ? 0.0f : v);
+    y[i] = relu_value(fmaf(c1, b[i], c0 * a[i]), negative_slope);
   }
 }
 
@@ -106,12 +105,11 @@ PCD_KERNEL void bias_forward(const int n, const float* x, const float* bias, con
 }
 
 // A Convolution's bias and the in-place ReLU after it, in one pass over the top (gpu_fusion.ConvolutionReLU): y + b
-// as cuDNN's AddTensor and Caffe's bias GEMM (k = 1) round it, then relu_forward's max(v, 0) + slope min(v, 0).
+// as cuDNN's AddTensor and Caffe's bias GEMM (k = 1) round it, then the ReLU (common.cuh's relu_value).
 PCD_KERNEL void bias_relu_forward(const int n, const float* x, const float* bias, const int dim, const int inner,
                                   const float negative_slope, float* y) {
   CUDA_KERNEL_LOOP(i, n) {
-    const float v = x[i] + bias[(i / inner) % dim];
-    y[i] = (v < 0.0f ? 0.0f : v) + negative_slope * (0.0f < v ? 0.0f : v);
+    y[i] = relu_value(x[i] + bias[(i / inner) % dim], negative_slope);
   }
 }
 
