@@ -39,7 +39,8 @@ layers). Each measurement again runs in its own process:
   TF32 for convolutions, which --torch-tf32 restores. cudnn.benchmark stays off (PyTorch's default).
 - Timing: GPU work is asynchronous, so each iteration is bracketed by a device synchronisation
   (select.current().synchronize() for ours, torch.cuda.synchronize() for PyTorch) before the clock is read at each
-  end; the median of `--iterations` after 3 warm-up iterations.
+  end; `--iterations` after 3 warm-up iterations, in `--rounds` processes per framework (default 2) taken in turns
+  as in CPU mode, and a time is the median over all of a framework's iterations.
 - GEMM reference, in the same run: a float32 C = A B of `--gemm-size`^3 (default 8192) through our device's gemm
   (cuBLAS on DeviceArrays) and through torch.matmul, 2 n^3 FLOPs each, median of 10 after 3 warm-ups, in TFLOP/s.
   The "% GEMM" columns compare a net's achieved rate with the higher of the two: how close to the machine's
@@ -253,8 +254,9 @@ def run_ours_gpu(net_name, iterations):
     def step():
         net.clear_param_diffs()
         net.forward_backward()
-    ms = _median_ms(step, iterations, sync=dev.synchronize)
-    return {"ms": ms, "flops": fwd_bwd_flops(net), "device": dev.name, "host_layers": _host_layers(net)}
+    times = _times_ms(step, iterations, sync=dev.synchronize)
+    return {"ms": _median(times), "times_ms": times, "flops": fwd_bwd_flops(net), "device": dev.name,
+            "host_layers": _host_layers(net)}
 
 
 def torch_model(net_name, batch=None):
@@ -323,9 +325,9 @@ def run_torch_gpu(net_name, iterations, device_name, tf32):
     def step():
         model.zero_grad(set_to_none=False)
         model(inputs).backward()
-    ms = _median_ms(step, iterations, sync=sync)
+    times = _times_ms(step, iterations, sync=sync)
     name = torch.cuda.get_device_name() if sync else "cpu"
-    return {"ms": ms, "device": name}
+    return {"ms": _median(times), "times_ms": times, "device": name}
 
 
 def gemm_ours(n):
@@ -428,8 +430,8 @@ def main():
     ap.add_argument("--torch-tf32", action="store_true",
                     help="--gpu: let PyTorch use TF32 (its default for cuDNN convolutions) instead of IEEE float32")
     ap.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)   # cpu: check the torch side here
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="CPU mode: processes per framework and setting, taken in turns (default 3; see the docstring)")
+    ap.add_argument("--rounds", type=int,
+                    help="processes per framework and setting, taken in turns (default 3, --gpu 2; see the docstring)")
     ap.add_argument("--child", choices=["ours", "torch", "gemm-ours", "gemm-torch"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--threads-one", type=int, help=argparse.SUPPRESS)
@@ -442,10 +444,11 @@ def main():
             from pycaffe_dist import common
             common.set_num_threads(args.threads_one)
         return child(args)
-    if args.gpu:
-        return main_gpu(args)
+    args.rounds = args.rounds if args.rounds is not None else (2 if args.gpu else 3)
     if args.rounds < 1:
         ap.error("--rounds must be 1 or more, got %d" % args.rounds)
+    if args.gpu:
+        return main_gpu(args)
     args.threads = args.threads or "1,2"
     args.nets = args.nets or "lenet,cifar10_quick"
     # Not imported here: Linux carries a parent's peak RSS into the children it starts (fork + exec).
@@ -499,6 +502,28 @@ def main():
         plot(rows, args.plot)
 
 
+def _gpu_in_turns(net_name, threads, iterations, rounds, have_torch, extra):
+    """Ours and PyTorch on the GPU, `rounds` processes each in turns (ours, PyTorch, PyTorch, ours, ...): each a
+    median over all of its framework's iterations. A step of a few milliseconds is paced by the host, whose speed
+    drifts by a quarter over a minute on a shared machine (CIFAR-10 quick: 1.46 and 1.93 ms on two days, the same
+    code): taken in turns, both frameworks meet the same spells."""
+    runs = {"ours": [], "torch": []}
+    for r in range(rounds):
+        for which in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
+            if which == "torch" and not have_torch:
+                continue
+            result = measure(which, net_name, threads, iterations, extra)
+            if "error" in result:
+                what = "no GPU" if which == "ours" else "PyTorch failed on %s" % net_name
+                raise SystemExit("bench/nets.py --gpu: %s: %s" % (what, result["error"]))
+            runs[which].append(result)
+    pooled = {}
+    for which, results in runs.items():
+        if results:
+            pooled[which] = dict(results[0], ms=_median([t for res in results for t in res["times_ms"]]))
+    return pooled["ours"], pooled.get("torch")
+
+
 def main_gpu(args):
     nets = (args.nets or ",".join(GPU_NETS)).split(",")
     unknown = [n for n in nets if n not in NETS]
@@ -531,10 +556,7 @@ def main_gpu(args):
     print("|" + "---|" * len(header))
     rows, notes = [], []
     for net_name in nets:
-        ours = measure("ours", net_name, threads, args.iterations, extra)
-        if "error" in ours:
-            raise SystemExit("bench/nets.py --gpu: no GPU: %s" % ours["error"])
-        ref = measure("torch", net_name, threads, args.iterations, extra) if have_torch else None
+        ours, ref = _gpu_in_turns(net_name, threads, args.iterations, args.rounds, have_torch, extra)
         flops = ours["flops"]
         ours_tf = flops / (ours["ms"] * 1e-3) / 1e12
         ref_tf = flops / (ref["ms"] * 1e-3) / 1e12 if ref else None

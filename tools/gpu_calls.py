@@ -4,13 +4,15 @@ asum; "in mid-pass": those before the iteration's last call to the GPU, after wh
 has queued more), the host's own time to issue them all (Python, with the device doing nothing), and the calls of
 one SGD update of the net's parameters (momentum, L2 decay: the solver's GPU path).
 
-    python tools/gpu_calls.py [--nets lenet,alexnet,resnet50,googlenet] [--iterations 3]
+    python tools/gpu_calls.py [--nets lenet,alexnet,resnet50,googlenet] [--iterations 3] [--no-cudnn]
 
 The nets are bench/nets.py's, at its GPU batches. The device is the emulated one (backend/emulated.py) with every
-call counted and none carried out: the counts are the GPU path's, except that convolutions, pooling, LRN, softmax and
-the neurons run our kernels here where a real GPU runs cuDNN (one cuDNN call or a few per layer and pass instead).
-The host time excludes the driver's and cuBLAS's own cost per call (a few microseconds each on a real GPU): it says
-whether Python alone could keep a GPU busy, e.g. ResNet-50's host time against its GPU time per iteration.
+call counted and none carried out. The layers take the path they take on a real GPU with cuDNN: a counting cuDNN
+handle stands in for the library (its calls are counted, none runs; Find offers nothing, so each convolution keeps
+algorithm 0 without a workspace). --no-cudnn counts the path of a GPU without cuDNN (engine CAFFE: our kernels).
+The host time excludes the driver's, cuBLAS's and cuDNN's own cost per call (from a few microseconds for a kernel
+launch to tens for some cuDNN calls on a real GPU): it is Python's share, and says whether Python alone could keep
+a GPU busy, e.g. ResNet-50's host time against its GPU time per iteration.
 """
 import argparse
 import collections
@@ -52,6 +54,7 @@ def counting_device():
         def __init__(self):
             super().__init__()
             self.calls = collections.Counter()
+            self.cudnn_calls = collections.Counter()    # the "cuDNN" calls by function
             self.order = []     # the kinds of the calls, in order
 
         def download(self, src, host, stream=None):
@@ -61,14 +64,74 @@ def counting_device():
     return CountingDevice()
 
 
-def measure(net_name, iterations):
-    import nets as bench_nets
+def counting_cudnn(dev):
+    """A cudnn.Cudnn whose calls are counted on `dev` as "cuDNN" and not made; descriptors are their parameters,
+    from which the two output-size queries are answered (Caffe's formulas: cuDNN's own floor sizes)."""
+    import ctypes
+    from pycaffe_dist.backend import cudnn
+
+    class Described(ctypes.c_void_p):
+        """A stand-in descriptor: passes as a pointer, keeps the parameters it was set with."""
+        def __init__(self, key):
+            super().__init__(1)
+            self.key = key
+
+    class CountingCudnn(cudnn.Cudnn):
+        def __init__(self):     # no library, no handle
+            self.handle = ctypes.c_void_p(1)
+            self._descriptors = {}
+            self.algorithms = {}
+
+        def call(self, name, *args, with_handle=True, context=""):
+            dev.calls["cuDNN"] += 1
+            dev.cudnn_calls[name] += 1
+            dev.order.append("cuDNN")
+            if name == "cudnnGetConvolution2dForwardOutputDim":
+                (_, pad, stride, _), (_, n, _, h, w), (_, k, _, kh, kw) = (a.key for a in args[:3])
+                sizes = (n, k, (h + 2 * pad[0] - kh) // stride[0] + 1, (w + 2 * pad[1] - kw) // stride[1] + 1)
+            elif name == "cudnnGetPooling2dForwardOutputDim":
+                (_, _, kh, kw, ph, pw, sh, sw), (_, n, c, h, w) = (a.key for a in args[:2])
+                sizes = (n, c, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
+            else:
+                return
+            for out, size in zip(args[-4:], sizes):
+                out._obj.value = size
+
+        def _kept(self, key, kind, setter, *values):
+            return self._descriptors.setdefault(key, Described(key))
+
+        def convolution(self, pad, stride, group):
+            key = ("convolution", tuple(pad), tuple(stride), int(group))
+            return self._descriptors.setdefault(key, Described(key))
+    return CountingCudnn()
+
+
+def measure(net_name, iterations, with_cudnn=True):
+    """({kind: calls an iteration}, host ms an iteration, the fused runs, SGD update calls) of `net_name` on the
+    counting device, with the counting cuDNN (with_cudnn) or none; the process's device and mode are restored."""
     from pycaffe_dist import common
-    from pycaffe_dist.backend import select
+    from pycaffe_dist.backend import cudnn, select
+    from pycaffe_dist.layers import cudnn_engine
+    dev = select.use(counting_device())
+    previous = common.mode(), cudnn_engine.is_cuda_device, cudnn.for_device
+    common.set_mode_gpu()
+    # The layers ask for cuDNN on a CUDA device only; here every layer gets the counting handle (or none).
+    handle = counting_cudnn(dev) if with_cudnn else None
+    cudnn_engine.is_cuda_device = lambda device: with_cudnn
+    cudnn.for_device = lambda device: handle
+    try:
+        return _count(dev, net_name, iterations)
+    finally:
+        mode, cudnn_engine.is_cuda_device, cudnn.for_device = previous
+        select.forget()
+        if mode == "cpu":
+            common.set_mode_cpu()
+
+
+def _count(dev, net_name, iterations):
+    import nets as bench_nets
     from pycaffe_dist.net.net import Net
     from pycaffe_dist.proto import caffe_pb2
-    dev = select.use(counting_device())
-    common.set_mode_gpu()
     net = Net(bench_nets._net_param(net_name), phase=caffe_pb2.TRAIN)
     bench_nets._random_inputs(net)
 
@@ -78,6 +141,7 @@ def measure(net_name, iterations):
     for _ in range(2):      # the first uploads the inputs and makes the buffers
         step()
     dev.calls.clear()
+    dev.cudnn_calls.clear()
     host_s, mid_pass = 0.0, 0
     for _ in range(iterations):
         del dev.order[:]
@@ -113,13 +177,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default="lenet,alexnet,resnet50,googlenet")
     ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--no-cudnn", action="store_true", help="a GPU without cuDNN: every layer runs our kernels")
     args = ap.parse_args()
-    columns = ("kernel launches", "GEMM", "GEMV", "axpy, scal", "memsets, copies", "host waits", "in mid-pass")
+    columns = ("kernel launches", "cuDNN", "GEMM", "GEMV", "axpy, scal", "memsets, copies", "host waits",
+               "in mid-pass")
     print("| net | " + " | ".join(columns) + " | all calls | layer runs fused | host ms / iteration | "
           "SGD update calls |")
     print("|---|" + "---:|" * (len(columns) + 4))
     for name in args.nets.split(","):
-        per, host_ms, fused, update = measure(name, args.iterations)
+        per, host_ms, fused, update = measure(name, args.iterations, with_cudnn=not args.no_cudnn)
         total = sum(v for k, v in per.items() if k not in ("uploads", "argument checks", "in mid-pass"))
         print("| %s | %s | %d | %s | %.2f | %d |" % (name, " | ".join("%d" % per.get(c, 0) for c in columns), total,
                                                     fused, host_ms, update))

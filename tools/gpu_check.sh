@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check in one command, on a machine with an NVIDIA GPU, nvcc and PyTorch: build the kernels for it, run
-# the real-GPU tests, bench/nets.py --gpu (and without FFT and Winograd convolutions), the GPU kernels of the big
-# nets beside PyTorch's, a LeNet training on GPU 0 alone and with 4 workers sharing it; print one table. Run from
-# anywhere; it works in the checkout it belongs to.
+# the real-GPU tests, bench/nets.py --gpu (and with the two other settings of FFT and Winograd convolutions), the
+# host's cost of each call of a step, the GPU kernels of the big nets beside PyTorch's, a LeNet training on GPU 0
+# alone and with 4 workers sharing it; print one table. Run from anywhere; it works in the checkout it belongs to.
 #
 #   tools/gpu_check.sh                 # everything (about 6 minutes on an H200)
 #   GPU_CHECK_STEPS="build tests" tools/gpu_check.sh
@@ -17,15 +17,18 @@
 # Data: Fashion-MNIST's IDX files from /usr/share/datasets/fashion-mnist or .device/fashion-mnist, converted once
 # into data/fashion-mnist/*.datumfile; without them the training rows say so.
 # Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png,
-# bench_nets_no_transforms.txt (the nets of PROFILE_NETS with PCD_CUDNN_TRANSFORMS=0), kernels_NET.txt (every GPU
-# kernel of a training step of ours and of PyTorch's copy, by name and by kind: bench/gpu_kernels.py), train.log,
+# bench_nets_transforms_{0,all}.txt (the nets of TRANSFORM_NETS with PCD_CUDNN_TRANSFORMS=0 and =all), host_costs.txt
+# (the host's time of each call of a step of the nets of HOST_NETS: tools/gpu_host_costs.py), kernels_NET.txt (every
+# GPU kernel of a training step of ours and of PyTorch's copy, by name and by kind: bench/gpu_kernels.py), train.log,
 # workers_MODE.log, workers_MODE.json and summary.txt (the table).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/out/gpu_check}
-STEPS=${GPU_CHECK_STEPS:-build tests bench transforms profile train workers}
-PROFILE_NETS=${PROFILE_NETS:-alexnet resnet50 googlenet}
+STEPS=${GPU_CHECK_STEPS:-build tests bench transforms host profile train workers}
+PROFILE_NETS=${PROFILE_NETS:-cifar10_quick alexnet resnet50 googlenet}
+TRANSFORM_NETS=${TRANSFORM_NETS:-cifar10_quick alexnet googlenet}
+HOST_NETS=${HOST_NETS:-cifar10_quick googlenet}
 JOBS=$(nproc)
 mkdir -p "$OUT" "$ROOT/out"     # out/: where prototxt/lenet_solver.prototxt snapshots
 T0=$(date +%s)
@@ -99,16 +102,33 @@ if want bench; then
     done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets.txt")
 fi
 
-# --- the same nets without FFT and Winograd convolutions (PCD_CUDNN_TRANSFORMS=0: every convolution multiplies and
-# adds the inputs themselves, as our kernels and Caffe's CPU code do; the default takes them, as Caffe's cuDNN engine) --
+# --- the same nets with the other two settings of FFT and Winograd convolutions (backend/cudnn.py): none
+# (PCD_CUDNN_TRANSFORMS=0: every convolution multiplies and adds the inputs themselves, as our kernels and Caffe's
+# CPU code do), and whatever Find times fastest (=all: no margin for the host's cost of their extra launches) ------
 if want transforms; then
-    say "bench/nets.py --gpu, PCD_CUDNN_TRANSFORMS=0"
-    PCD_CUDNN_TRANSFORMS=0 python3 bench/nets.py --gpu --iterations 20 --nets "${PROFILE_NETS// /,}" 2>&1 |
-        tee "$OUT/bench_nets_no_transforms.txt"
-    while IFS='|' read -r _ net batch _ ours torch ratio target _; do
-        row "bench $(echo $net) b$(echo $batch), no FFT/Winograd" "ours/PyTorch $(echo $ratio) (target $(echo $target))" \
-            "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
-    done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets_no_transforms.txt")
+    for setting in 0 all; do
+        say "bench/nets.py --gpu, PCD_CUDNN_TRANSFORMS=$setting"
+        PCD_CUDNN_TRANSFORMS=$setting python3 bench/nets.py --gpu --iterations 20 --nets "${TRANSFORM_NETS// /,}" 2>&1 |
+            tee "$OUT/bench_nets_transforms_$setting.txt"
+        while IFS='|' read -r _ net batch _ ours torch ratio target _; do
+            row "bench $(echo $net) b$(echo $batch), PCD_CUDNN_TRANSFORMS=$setting" \
+                "ours/PyTorch $(echo $ratio) (target $(echo $target))" "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
+        done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets_transforms_$setting.txt")
+    done
+fi
+# --- where the host's time of a step goes: each cuDNN function, kernel launch and cuBLAS call timed around the call
+if want host; then
+    say "host: tools/gpu_host_costs.py $HOST_NETS"
+    python3 tools/gpu_host_costs.py --nets "${HOST_NETS// /,}" --iterations 20 > "$OUT/host_costs.txt" 2>&1
+    for net in $HOST_NETS; do
+        line=$(grep -E "^summary $net: " "$OUT/host_costs.txt")     # "summary NET: times | the 3 costliest calls"
+        if [ -n "$line" ]; then
+            line=${line#summary $net: }
+            row "host time $net" "${line%% |*}" "${line#*| }"
+        else
+            row "host time $net" "failed" "see host_costs.txt"
+        fi
+    done
 fi
 # --- where the GPU time goes: every kernel of a training step, ours and PyTorch's, timed by the GPU (CUPTI) ----------
 if want profile; then

@@ -15,8 +15,12 @@ CuPy's and cudarc's bindings; `_SIGNATURES` declares them all, so that a wrong a
   That includes the FFT and Winograd algorithms, which transform the inputs and lose some float32 accuracy (errors
   of about 1e-5 of the output's magnitude, where GEMM-like and direct algorithms differ from Caffe's kernels by
   summation order only), as Caffe's own cuDNN engine and PyTorch take them where cuDNN prefers them. They halve
-  AlexNet's iteration on an H200 (bench/nets.py --gpu: 13.1 ms against 25.9). PCD_CUDNN_TRANSFORMS=0 leaves them
-  out, for results closest to the CPU's.
+  AlexNet's iteration on an H200 (bench/nets.py --gpu: 13.1 ms against 25.9). A transform is taken only where Find
+  times it faster than the fastest other algorithm by more than TRANSFORM_MARGIN_MS: Find times the GPU alone, and
+  a transform is several launches (transform the inputs, multiply, transform back) where a direct algorithm is one,
+  each with its cost on the host, which sets the pace of a net of small convolutions (CIFAR-10 quick's step is a
+  few dozen calls). PCD_CUDNN_TRANSFORMS=0 leaves them out, for results closest to the CPU's; =all takes whatever
+  Find times fastest (no margin).
 - Loading: libcudnn.so.9 from the nvidia-cudnn-cu12/-cu13 wheel (nvidia/cudnn/lib), the system's loader path, or
   $CUDA_HOME/lib64. cuDNN 9 dlopens its sub-libraries (graph, engines, ops, cnn, ...) and, from them, cuBLASLt
   and NVRTC: those found beside it or in the nvidia wheels are loaded first (RTLD_GLOBAL, dependencies first).
@@ -33,7 +37,11 @@ from ..errors import DeviceError
 
 DISABLE_VARIABLE = "PCD_CUDNN"          # PCD_CUDNN=0: never load cuDNN (the layers run Caffe's kernels)
 WORKSPACE_LIMIT_BYTES = 1 << 30         # the most workspace one convolution call may take (Caffe's cuDNN: 8 MiB)
-TRANSFORMS_VARIABLE = "PCD_CUDNN_TRANSFORMS"   # PCD_CUDNN_TRANSFORMS=0: no FFT or Winograd convolutions (see above)
+TRANSFORMS_VARIABLE = "PCD_CUDNN_TRANSFORMS"   # =0: no FFT or Winograd convolutions; =all: no margin (see above)
+# What a transform must save over the fastest direct algorithm, in Find's GPU milliseconds: the host's cost of the
+# extra launches it makes (3 to 5 kernels where a direct algorithm makes 1, a few microseconds each in the driver)
+# with room to spare. AlexNet's and GoogLeNet's large transforms save hundreds of microseconds a call and stay.
+TRANSFORM_MARGIN_MS = 0.025
 MIN_VERSION = (8, 0, 0)                 # CUDNN_FMA_MATH and the v7-style API with group counts exist from 8.0
 
 # --- enums (cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h; the same values in cuDNN 8 and 9) ---------------------------
@@ -318,7 +326,7 @@ class Cudnn:
         self.call("cudnnCreate", ctypes.byref(self.handle), with_handle=False)
         self.call("cudnnSetStream", ctypes.c_void_p(stream_handle))
         self._descriptors = {}
-        self.algorithms = {}    # (direction, geometry, transforms allowed) -> (algo, workspace bytes)
+        self.algorithms = {}    # (direction, geometry, transform margin or None) -> (algo, workspace bytes)
 
     def call(self, name, *args, with_handle=True, context=""):
         status = getattr(self.lib, name)(*(((self.handle,) if with_handle else ()) + args))
@@ -389,20 +397,33 @@ def _ptr(array):
     return ctypes.c_void_p(array.ptr)
 
 
+def transform_margin_ms():
+    """What a transform must save to be taken (PCD_CUDNN_TRANSFORMS): None where transforms are left out (=0), 0 for
+    =all, TRANSFORM_MARGIN_MS otherwise (unset, or any other value, as =1 was before the margin)."""
+    setting = os.environ.get(TRANSFORMS_VARIABLE, "").strip().lower()
+    if setting == "0":
+        return None
+    return 0.0 if setting == "all" else TRANSFORM_MARGIN_MS
+
+
 def transforms_allowed():
     """Whether convolutions may take FFT and Winograd algorithms: unless PCD_CUDNN_TRANSFORMS=0."""
-    return os.environ.get(TRANSFORMS_VARIABLE, "").strip() != "0"
+    return transform_margin_ms() is not None
 
 
-def choose_algorithm(results, limit=WORKSPACE_LIMIT_BYTES, excluded=frozenset()):
-    """The first (fastest: Find sorts them by time) result that ran, within the workspace limit, in IEEE float32
-    math (FMA, or DEFAULT as Find reports algorithms without tensor-core variants), not one of `excluded`;
-    (algo, bytes) or None."""
-    for perf in results:
-        if perf.status == CUDNN_STATUS_SUCCESS and perf.memory <= limit and \
-                perf.mathType in (CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH) and perf.algo not in excluded:
-            return int(perf.algo), int(perf.memory)
-    return None
+def choose_algorithm(results, limit=WORKSPACE_LIMIT_BYTES, transforms=frozenset(), margin_ms=0.0):
+    """The fastest (Find sorts them by time) result that ran, within the workspace limit, in IEEE float32 math
+    (FMA, or DEFAULT as Find reports algorithms without tensor-core variants); (algo, bytes) or None. An algorithm
+    of `transforms` is taken only where it beats the fastest of the others by more than margin_ms, never where
+    margin_ms is None."""
+    usable = [perf for perf in results if perf.status == CUDNN_STATUS_SUCCESS and perf.memory <= limit and
+              perf.mathType in (CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH)]
+    direct = [perf for perf in usable if perf.algo not in transforms]
+    best = usable[0] if usable else None
+    if best is not None and best.algo in transforms and \
+            (margin_ms is None or (direct and best.time + margin_ms >= direct[0].time)):
+        best = direct[0] if direct else None
+    return None if best is None else (int(best.algo), int(best.memory))
 
 
 class ConvolutionOp:
@@ -413,12 +434,15 @@ class ConvolutionOp:
     def __init__(self, cudnn, x_shape, w_shape, pad, stride, group):
         self.cudnn = cudnn
         self.geometry = (tuple(x_shape), tuple(w_shape), tuple(pad), tuple(stride), int(group))
+        self.what = self.describe()     # every call's context for its error message, made once
+        # The transforms' setting when the op is made (a net's first GPU pass), not read again at every call
+        self.margin_ms = transform_margin_ms()
         self.x = cudnn.tensor(*x_shape)
         self.w = cudnn.filter(*w_shape)
         self.conv = cudnn.convolution(pad, stride, group)
         out = [ctypes.c_int() for _ in range(4)]
         cudnn.call("cudnnGetConvolution2dForwardOutputDim", self.conv, self.x, self.w, *map(ctypes.byref, out),
-                   with_handle=False, context=self.describe())
+                   with_handle=False, context=self.what)
         self.y_shape = tuple(v.value for v in out)
         self.y = cudnn.tensor(*self.y_shape)
         self.x_bias = cudnn.tensor(1, x_shape[1], 1, 1)
@@ -430,15 +454,14 @@ class ConvolutionOp:
 
     def _algorithm(self, direction):
         """(algo, workspace bytes) for 'forward', 'data' or 'filter': found once per geometry and direction (and
-        whether transforms are allowed, which a process may change between nets)."""
-        allowed = transforms_allowed()
-        key = (direction, self.geometry, allowed)
+        the transforms' setting, which a process may change between nets)."""
+        key = (direction, self.geometry, self.margin_ms)
         found = self.cudnn.algorithms.get(key)
         if found is None:
-            found = self.cudnn.algorithms[key] = self._find(direction, allowed)
+            found = self.cudnn.algorithms[key] = self._find(direction, self.margin_ms)
         return found
 
-    def _find(self, direction, transforms):
+    def _find(self, direction, margin_ms):
         c = self.cudnn
         count_name, find_name, size_name, descriptors = {
             "forward": ("cudnnGetConvolutionForwardAlgorithmMaxCount", "cudnnFindConvolutionForwardAlgorithm",
@@ -453,14 +476,14 @@ class ConvolutionOp:
         c.call(count_name, ctypes.byref(wanted))
         results = (AlgoPerf * max(1, wanted.value))()
         returned = ctypes.c_int()
-        c.call(find_name, *descriptors, len(results), ctypes.byref(returned), results, context=self.describe())
-        chosen = choose_algorithm(results[:returned.value], excluded=frozenset() if transforms
-                                  else TRANSFORM_ALGORITHMS[direction])
+        c.call(find_name, *descriptors, len(results), ctypes.byref(returned), results, context=self.what)
+        chosen = choose_algorithm(results[:returned.value], transforms=TRANSFORM_ALGORITHMS[direction],
+                                  margin_ms=margin_ms)
         if chosen is None:
             # Nothing fit or ran: algorithm 0 of each direction (implicit GEMM; ALGO_0), which needs little or no
             # workspace; its size is asked for, not measured.
             size = ctypes.c_size_t()
-            c.call(size_name, *descriptors, 0, ctypes.byref(size), context=self.describe())
+            c.call(size_name, *descriptors, 0, ctypes.byref(size), context=self.what)
             chosen = (0, int(size.value))
         return chosen
 
@@ -469,7 +492,7 @@ class ConvolutionOp:
         algo, nbytes = self._algorithm("forward")
         ptr, nbytes, held = _workspace(dev, nbytes)
         self.cudnn.call("cudnnConvolutionForward", ctypes.byref(ONE), self.x, _ptr(x), self.w, _ptr(w), self.conv,
-                        algo, ptr, nbytes, ctypes.byref(ZERO), self.y, _ptr(y), context=self.describe())
+                        algo, ptr, nbytes, ctypes.byref(ZERO), self.y, _ptr(y), context=self.what)
         del held    # back to the allocator's bin: later work on the same stream runs after this call's
 
     def backward_data(self, dev, w, dy, dx):
@@ -477,7 +500,7 @@ class ConvolutionOp:
         algo, nbytes = self._algorithm("data")
         ptr, nbytes, held = _workspace(dev, nbytes)
         self.cudnn.call("cudnnConvolutionBackwardData", ctypes.byref(ONE), self.w, _ptr(w), self.y, _ptr(dy),
-                        self.conv, algo, ptr, nbytes, ctypes.byref(ZERO), self.x, _ptr(dx), context=self.describe())
+                        self.conv, algo, ptr, nbytes, ctypes.byref(ZERO), self.x, _ptr(dx), context=self.what)
         del held
 
     def backward_filter(self, dev, x, dy, dw):
@@ -485,20 +508,20 @@ class ConvolutionOp:
         algo, nbytes = self._algorithm("filter")
         ptr, nbytes, held = _workspace(dev, nbytes)
         self.cudnn.call("cudnnConvolutionBackwardFilter", ctypes.byref(ONE), self.x, _ptr(x), self.y, _ptr(dy),
-                        self.conv, algo, ptr, nbytes, ctypes.byref(ONE), self.w, _ptr(dw), context=self.describe())
+                        self.conv, algo, ptr, nbytes, ctypes.byref(ONE), self.w, _ptr(dw), context=self.what)
         del held
 
     def add_bias(self, bias, out, side="y"):
         """out[n, c, :, :] += bias[c], for out the y side (a convolution's top) or the x side (a deconvolution's)."""
         bias_desc, out_desc = (self.y_bias, self.y) if side == "y" else (self.x_bias, self.x)
         self.cudnn.call("cudnnAddTensor", ctypes.byref(ONE), bias_desc, _ptr(bias), ctypes.byref(ONE), out_desc,
-                        _ptr(out), context=self.describe())
+                        _ptr(out), context=self.what)
 
     def bias_diff(self, dout, bias_diff, side="y"):
         """bias_diff[c] += the sum of dout[:, c, :, :]."""
         bias_desc, out_desc = (self.y_bias, self.y) if side == "y" else (self.x_bias, self.x)
         self.cudnn.call("cudnnConvolutionBackwardBias", ctypes.byref(ONE), out_desc, _ptr(dout), ctypes.byref(ONE),
-                        bias_desc, _ptr(bias_diff), context=self.describe())
+                        bias_desc, _ptr(bias_diff), context=self.what)
 
 
 class PoolingOp:

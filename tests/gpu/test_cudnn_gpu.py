@@ -123,8 +123,8 @@ def test_algo_perf_layout_is_the_headers():
                                                           "mathType", "reserved")] == [0, 4, 8, 16, 24, 28, 32]
 
 
-def perf(algo, status=0, memory=0, math=cudnn.CUDNN_FMA_MATH):
-    return cudnn.AlgoPerf(algo=algo, status=status, time=1.0, memory=memory, mathType=math)
+def perf(algo, status=0, memory=0, math=cudnn.CUDNN_FMA_MATH, time=1.0):
+    return cudnn.AlgoPerf(algo=algo, status=status, time=time, memory=memory, mathType=math)
 
 
 def test_the_fastest_algorithm_that_ran_fits_and_is_ieee_is_chosen():
@@ -134,18 +134,43 @@ def test_the_fastest_algorithm_that_ran_fits_and_is_ieee_is_chosen():
     assert cudnn.choose_algorithm(results) == (4, 1024)
     assert cudnn.choose_algorithm([perf(2, math=cudnn.CUDNN_DEFAULT_MATH)]) == (2, 0)
     assert cudnn.choose_algorithm([perf(0, status=2000)]) is None
-    # FFT and Winograd are left out where PCD_CUDNN_TRANSFORMS=0 (backend/cudnn.py)
-    assert cudnn.choose_algorithm([perf(4), perf(6), perf(1)], excluded=cudnn.TRANSFORM_ALGORITHMS["forward"]) \
-        == (1, 0)
+    # FFT and Winograd are left out where PCD_CUDNN_TRANSFORMS=0 (backend/cudnn.py): margin None
+    forward = cudnn.TRANSFORM_ALGORITHMS["forward"]
+    assert cudnn.choose_algorithm([perf(4), perf(6), perf(1)], transforms=forward, margin_ms=None) == (1, 0)
+    assert cudnn.choose_algorithm([perf(4), perf(6)], transforms=forward, margin_ms=None) is None
+
+
+def test_a_transform_is_taken_only_where_it_saves_more_than_the_margin():
+    """Find's times are the GPU's alone; a transform's extra launches cost the host (backend/cudnn.py)."""
+    forward = cudnn.TRANSFORM_ALGORITHMS["forward"]
+
+    def chosen(transform_ms, direct_ms, margin_ms=0.025):
+        results = sorted([perf(5, time=transform_ms, memory=64), perf(6, time=transform_ms + 0.001, memory=32),
+                          perf(7, time=direct_ms, memory=128, math=cudnn.CUDNN_TENSOR_OP_MATH),  # TF32: never
+                          perf(1, time=direct_ms, memory=8), perf(0, time=direct_ms + 0.5)], key=lambda p: p.time)
+        return cudnn.choose_algorithm(results, transforms=forward, margin_ms=margin_ms)[0]
+    assert chosen(0.100, 0.400) == 5           # saves 0.3 ms: taken
+    assert chosen(0.100, 0.120) == 1           # saves 20 us of GPU time: the direct algorithm, one launch
+    assert chosen(0.100, 0.125) == 1           # exactly the margin is not more than it
+    assert chosen(0.100, 0.126) == 5
+    assert chosen(0.100, 0.120, margin_ms=0.0) == 5     # PCD_CUDNN_TRANSFORMS=all
+    assert chosen(0.100, 0.400, margin_ms=None) == 1    # =0
+    assert chosen(0.500, 0.400) == 1           # slower: never
+    # With nothing else usable, a transform is what there is (never where they are left out)
+    only = [perf(5, time=0.1), perf(1, status=3000, time=0.05)]
+    assert cudnn.choose_algorithm(only, transforms=forward, margin_ms=0.025) == (5, 0)
+    assert cudnn.choose_algorithm(only, transforms=forward, margin_ms=None) is None
 
 
 def test_transform_algorithms_are_allowed_unless_turned_off(monkeypatch):
     monkeypatch.delenv(cudnn.TRANSFORMS_VARIABLE, raising=False)
-    assert cudnn.transforms_allowed()
+    assert cudnn.transforms_allowed() and cudnn.transform_margin_ms() == cudnn.TRANSFORM_MARGIN_MS
     monkeypatch.setenv(cudnn.TRANSFORMS_VARIABLE, "1")
-    assert cudnn.transforms_allowed()
+    assert cudnn.transforms_allowed() and cudnn.transform_margin_ms() == cudnn.TRANSFORM_MARGIN_MS
+    monkeypatch.setenv(cudnn.TRANSFORMS_VARIABLE, "All")
+    assert cudnn.transforms_allowed() and cudnn.transform_margin_ms() == 0.0
     monkeypatch.setenv(cudnn.TRANSFORMS_VARIABLE, "0")
-    assert not cudnn.transforms_allowed()
+    assert not cudnn.transforms_allowed() and cudnn.transform_margin_ms() is None
 
 
 def test_every_binding_has_a_signature():
@@ -455,11 +480,11 @@ def test_the_default_takes_a_transform_where_find_puts_it_first(gpu_with_cudnn, 
     ctx = cudnn.for_device(gpu_with_cudnn)
     monkeypatch.delenv(cudnn.TRANSFORMS_VARIABLE)
     run_layer(text, [data(4, 16, 14, 14)], "CUDNN")
-    chosen = {(key[0], key[2]): algo for key, (algo, _) in ctx.algorithms.items() if key[1] == geometry}
+    chosen = {(key[0], key[2] is not None): algo for key, (algo, _) in ctx.algorithms.items() if key[1] == geometry}
     assert set(chosen) == {(d, t) for d in ("forward", "data", "filter") for t in (False, True)}
     for direction in ("forward", "data", "filter"):
         assert chosen[direction, False] not in cudnn.TRANSFORM_ALGORITHMS[direction]
-        if gpu_with_cudnn.name.startswith("emulated"):
+        if gpu_with_cudnn.name.startswith("emulated"):      # the stand-in's transform saves 0.1 ms
             assert chosen[direction, True] in cudnn.TRANSFORM_ALGORITHMS[direction]
 
 

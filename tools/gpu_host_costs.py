@@ -1,0 +1,151 @@
+"""Where the host's time of a GPU training step goes: each cuDNN function, each kernel launch, each cuBLAS function
+and copy, timed on the host around the call (the driver's and the library's own cost, which tools/gpu_calls.py
+cannot see without a GPU), and what is left: our Python between them.
+
+    python tools/gpu_host_costs.py [--nets cifar10_quick,googlenet] [--iterations 20] [--top 15]
+
+The nets are bench/nets.py's at its GPU batches, stepped as bench/nets.py --gpu steps them (forward + backward).
+For each net: the step's wall time, the host's share of it (until the last call is queued; after that the host
+waits for the GPU), and a table of the calls by name: how many a step, microseconds each, milliseconds a step.
+A step whose host time is most of its wall time is paced by the host: fewer or cheaper calls make it faster, a
+faster kernel does not. On the emulated device (PCD_DEVICE=emulated) the table is the emulation's, which runs the
+kernels on the CPU: it shows the tool works, not what a GPU costs.
+"""
+import argparse
+import collections
+import functools
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "bench"))
+sys.path.insert(0, str(HERE.parent))
+
+
+class Clock:
+    """Host seconds and calls by (kind, name), of the methods it wraps."""
+
+    def __init__(self):
+        self.seconds = collections.Counter()
+        self.calls = collections.Counter()
+        self.on = False
+
+    def wrap(self, owner, method, kind, name_of):
+        """Time owner.method (a class attribute) under (kind, name_of(args)); returns the undo."""
+        original = getattr(owner, method)
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            if not self.on:
+                return original(*args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                key = (kind, name_of(args))
+                self.seconds[key] += time.perf_counter() - started
+                self.calls[key] += 1
+        setattr(owner, method, timed)
+        return lambda: setattr(owner, method, original)
+
+
+def instrument(clock, dev):
+    """Wrap the device's calls that reach the driver or a library; returns the undos."""
+    from pycaffe_dist.backend import cudnn
+    device_class = type(dev)
+    undos = [clock.wrap(cudnn.Cudnn, "call", "cuDNN", lambda args: args[1]),
+             clock.wrap(device_class, "_launch", "kernel", lambda args: args[1])]
+    cublas = getattr(dev, "cublas", None)
+    if cublas is not None:      # a CudaDevice: cuBLAS through ctypes, by function
+        undos.append(clock.wrap(type(cublas), "call", "cuBLAS", lambda args: args[1]))
+    else:                       # the emulated device: its BLAS entry points
+        for method in ("_sgemm", "_sgemm_batched", "_sgemv", "axpy", "scal", "dot", "asum"):
+            undos.append(clock.wrap(device_class, method, "BLAS", lambda args, m=method: m.lstrip("_")))
+    for method in ("upload", "download", "copy", "memset"):
+        undos.append(clock.wrap(device_class, method, "memory", lambda args, m=method: m))
+    return undos
+
+
+def measure(net_name, iterations):
+    """(step wall ms, host ms until the last call, {(kind, name): (calls a step, seconds a step)}, device name)."""
+    import nets as bench_nets
+    from pycaffe_dist.net.net import Net
+    from pycaffe_dist.proto import caffe_pb2
+    dev, error = bench_nets._open_gpu()
+    if error:
+        raise SystemExit("gpu_host_costs: no GPU: %s" % error["error"])
+    net = Net(bench_nets._net_param(net_name), phase=caffe_pb2.TRAIN)
+    bench_nets._random_inputs(net)
+
+    def step():
+        net.clear_param_diffs()
+        net.forward_backward()
+    for _ in range(bench_nets.WARMUP):     # uploads, cuDNN's Find, buffers
+        step()
+    dev.synchronize()
+    clock = Clock()
+    undos = instrument(clock, dev)
+    try:
+        wall = host = 0.0
+        for _ in range(iterations):
+            dev.synchronize()
+            clock.on = True
+            started = time.perf_counter()
+            step()
+            queued = time.perf_counter()
+            clock.on = False
+            dev.synchronize()
+            wall += time.perf_counter() - started
+            host += queued - started
+    finally:
+        for undo in undos:
+            undo()
+    per_step = {key: (clock.calls[key] / iterations, clock.seconds[key] / iterations) for key in clock.calls}
+    return 1000.0 * wall / iterations, 1000.0 * host / iterations, per_step, dev.name
+
+
+def report(net_name, wall_ms, host_ms, per_step, top):
+    timed_ms = 1000.0 * sum(seconds for _, seconds in per_step.values())
+    print("\n%s: step %.3f ms wall; the host queues it in %.3f ms (%.0f%%): %.3f ms in the calls below, %.3f ms of "
+          "Python between them" % (net_name, wall_ms, host_ms, 100.0 * host_ms / wall_ms if wall_ms else 0.0,
+                                   timed_ms, host_ms - timed_ms))
+    kinds = collections.defaultdict(lambda: [0.0, 0.0])
+    for (kind, _), (calls, seconds) in per_step.items():
+        kinds[kind][0] += calls
+        kinds[kind][1] += seconds
+    print("| kind | calls / step | us / call | ms / step |")
+    print("|---|---:|---:|---:|")
+    for kind, (calls, seconds) in sorted(kinds.items(), key=lambda item: -item[1][1]):
+        print("| %s | %.0f | %.1f | %.3f |" % (kind, calls, 1e6 * seconds / calls, 1000.0 * seconds))
+    print("| call | calls / step | us / call | ms / step |")
+    print("|---|---:|---:|---:|")
+    ranked = sorted(per_step.items(), key=lambda item: -item[1][1])
+    for (kind, name), (calls, seconds) in ranked[:top]:
+        print("| %s %s | %.0f | %.1f | %.3f |" % (kind, name, calls, 1e6 * seconds / calls, 1000.0 * seconds))
+    # one line for tools/gpu_check.sh's table
+    print("summary %s: host %.2f of %.2f ms, Python %.2f ms | %s" % (
+        net_name, host_ms, wall_ms, host_ms - timed_ms, "; ".join(
+            "%s %.0f us x %.0f" % (name, 1e6 * seconds / calls, calls) for (_, name), (calls, seconds) in ranked[:3])))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="cifar10_quick,googlenet")
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--top", type=int, default=15, help="how many calls by name to list (the costliest)")
+    args = ap.parse_args()
+    import nets as bench_nets
+    unknown = [n for n in args.nets.split(",") if n not in bench_nets.NETS]
+    if unknown:
+        raise SystemExit("gpu_host_costs: unknown net(s) %s (known: %s)" % (", ".join(unknown),
+                                                                         ", ".join(bench_nets.NETS)))
+    for name in args.nets.split(","):
+        wall_ms, host_ms, per_step, device = measure(name, args.iterations)
+        if name == args.nets.split(",")[0]:
+            print("gpu_host_costs: on %s, %d steps a net" % (device, args.iterations))
+        report(name, wall_ms, host_ms, per_step, args.top)
+
+
+if __name__ == "__main__":
+    main()
