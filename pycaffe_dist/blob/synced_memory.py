@@ -42,6 +42,11 @@ class SyncedMemory:
         return self._host
 
     def device(self, write=True):
+        head = self.head
+        if head == DEVICE or head == SYNCED:    # current on the device: nothing to make or copy (most calls of a pass)
+            if write:
+                self.head = DEVICE
+            return self._dev
         dev = select.current()
         if self._dev is None:
             if self.dtype != np.float32:
