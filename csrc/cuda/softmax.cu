@@ -55,6 +55,29 @@ PCD_KERNEL void softmax_channel_div(const int n, const int channels, const int i
   }
 }
 
+// The five kernels above as one, a thread per position (o, i) looping over its channels: the same operations in
+// the same order (the max, x - max, its exp, the sum in channel order, the quotient), so the same bits, in one
+// launch instead of five. For few channels (layers/gpu_helpers.py): a position's loops are the work of one thread.
+// y may be x. n = outer * inner.
+PCD_KERNEL void softmax_positions(const int n, const int channels, const int inner, const float* x, float* y) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / inner, i = index % inner;
+    const float* const in = x + o * channels * inner + i;
+    float* const out = y + o * channels * inner + i;
+    float top = in[0];
+    for (int c = 1; c < channels; ++c) {
+      if (top < in[c * inner]) top = in[c * inner];
+    }
+    float sum = 0;
+    for (int c = 0; c < channels; ++c) {
+      const float e = expf(in[c * inner] - top);
+      out[c * inner] = e;
+      sum += e;
+    }
+    for (int c = 0; c < channels; ++c) out[c * inner] = out[c * inner] / sum;
+  }
+}
+
 // out[o, i] = sum over c of a[o, c, i] * b[o, c, i], in channel order.
 PCD_KERNEL void softmax_channel_dot(const int n, const int channels, const int inner, const float* a,
                                     const float* b, float* out) {
@@ -114,6 +137,25 @@ PCD_KERNEL void softmax_loss_backward(const int n, const float* label, const int
     } else {
       if (label_value >= 0 && label_value < channels) diff[label_value * inner] -= 1;
       counts[index] = 1;
+    }
+  }
+}
+
+// The backward's three calls as one where the normalizer is fixed (known on the host): copy the probabilities,
+// subtract 1 at the label (zero an ignored position's channels), multiply by scale = loss weight / normalizer (the
+// cuBLAS scal): the same operations in the same order. bottom_diff may not be prob. n = outer * inner.
+PCD_KERNEL void softmax_loss_backward_scaled(const int n, const float* prob, const float* label, const int channels,
+                                             const int inner, const int has_ignore_label, const int ignore_label,
+                                             const float scale, float* bottom_diff) {
+  CUDA_KERNEL_LOOP(index, n) {
+    const int o = index / inner, i = index % inner;
+    const int label_value = static_cast<int>(label[index]);
+    const float* const p = prob + o * channels * inner + i;
+    float* const diff = bottom_diff + o * channels * inner + i;
+    const bool ignored = has_ignore_label && label_value == ignore_label;
+    for (int c = 0; c < channels; ++c) {
+      const float v = ignored ? 0.0f : (c == label_value ? p[c * inner] - 1.0f : p[c * inner]);
+      diff[c * inner] = v * scale;
     }
   }
 }

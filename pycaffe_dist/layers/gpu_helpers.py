@@ -9,6 +9,8 @@ from ..backend import select
 # The softmax pass's floating-point operations per element: max, subtract, exp, sum, divide (the CPU kernel takes
 # the same steps), which Softmax and the softmax losses count in flops().
 SOFTMAX_FLOPS_PER_ELEMENT = 5
+# The most channels whose softmax runs as one kernel (gpu_softmax)
+ONE_PASS_MAX_CHANNELS = 64
 
 
 def gpu_ones(layer, size):
@@ -29,11 +31,19 @@ def gpu_table(layer, name, values, dtype):
     return held[1]
 
 
-def gpu_softmax(x, y, outer, channels, inner, scale):
+def gpu_softmax(x, y, outer, channels, inner, scale, one_pass=None):
     """y = softmax of the (outer, channels, inner) device array x over its channels, as softmax_layer.cu's
-    Forward_gpu (max, subtract, exp, sum, divide); y may be x. scale: outer * inner floats of scratch."""
+    Forward_gpu (max, subtract, exp, sum, divide); y may be x. scale: outer * inner floats of scratch.
+
+    Up to ONE_PASS_MAX_CHANNELS channels (one_pass None) the five steps run as one kernel, a thread per position,
+    with the same bits: a classifier's loss over 10 classes is then one launch where Caffe's kernels are five (and
+    a copy), which a small net's step pays on the host. Over more channels a thread's loops would take longer than
+    the launches they save (1000 classes at batch 32: 32 threads)."""
     dev = select.current()
     count = outer * channels * inner
+    if one_pass if one_pass is not None else channels <= ONE_PASS_MAX_CHANNELS:
+        dev.launch("softmax_positions", outer * inner, channels, inner, x, y)
+        return
     if x.ptr != y.ptr:
         dev.copy(y, x)
     dev.launch("softmax_channel_max", outer * inner, channels, inner, y, scale)

@@ -225,19 +225,22 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         channels, positions = bottom[0].shape[self.axis], self.outer_num * self.inner_num
         diff = bottom[0].mutable_gpu_diff
         # The probabilities of the forward: top[1] when there is one (Caffe's top[1]->ShareData(prob_)).
-        dev.copy(diff, top[1].gpu_data if len(top) > 1 else self.buffer("prob", bottom[0].count, device=True))
+        prob = top[1].gpu_data if len(top) > 1 else self.buffer("prob", bottom[0].count, device=True)
+        weight = np.float32(top[0].cpu_diff[()])
+        fixed = self._fixed_normalizer()
+        if fixed:   # Caffe's copy, kernel and scal in one launch, the same bits
+            dev.launch("softmax_loss_backward_scaled", positions, prob, bottom[1].gpu_data, channels, self.inner_num,
+                       *ignore_args(self.ignore_label), float(weight / np.float32(fixed)), diff)
+            return
+        dev.copy(diff, prob)
         flags = self.buffer("counts_bad", 2 * positions, device=True)
         dev.launch("softmax_loss_backward", positions, bottom[1].gpu_data, channels, self.inner_num,
                    *ignore_args(self.ignore_label), diff, flags.at(0, positions))
-        weight = np.float32(top[0].cpu_diff[()])
-        fixed = self._fixed_normalizer()
-        if fixed:
-            dev.scal(bottom[0].count, float(weight / np.float32(fixed)), diff)
-        else:       # the normalizer of the backward's counts (its bad labels, those of the forward: unused)
-            values = self.buffer("loss_zeros", 2 * positions, device=True, fill=0.0)
-            norm = self._device_loss(flags, values, positions, "backward",
-                                     self.buffer("backward_loss", 1, device=True))     # not used
-            dev.launch("gpu_scale_by_quotient", bottom[0].count, float(weight), norm, diff)
+        # the normalizer of the backward's counts (its bad labels, those of the forward: unused)
+        values = self.buffer("loss_zeros", 2 * positions, device=True, fill=0.0)
+        norm = self._device_loss(flags, values, positions, "backward",
+                                 self.buffer("backward_loss", 1, device=True))     # not used
+        dev.launch("gpu_scale_by_quotient", bottom[0].count, float(weight), norm, diff)
 
     def flops(self, bottom, top):
         return SOFTMAX_FLOPS_PER_ELEMENT * bottom[0].count + 2 * self.outer_num * self.inner_num

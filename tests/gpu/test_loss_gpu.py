@@ -45,6 +45,47 @@ def test_softmax_large_scores(gpu):
     assert np.isfinite(dev.top[0].data).all()
 
 
+def softmax_input(shape, seed=5):
+    """Scores with a NaN, infinities and a row of equal values among the Gaussian ones."""
+    x = gaussian(shape, scale=30.0, seed=seed).reshape(shape[0], shape[1], -1)
+    x[0, :, 0] = 2.5
+    if shape[0] > 1:
+        x[1, min(1, shape[1] - 1), 0] = np.nan
+    if shape[0] > 2:
+        x[2, 0, -1], x[2, -1, -1] = np.inf, -np.inf
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("shape", [(6, 10), (4, 1), (3, 64, 5), (3, 65, 2), (5, 7, 3, 2), (2, 200)])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_softmax_in_one_kernel_is_the_five_kernels_bits(gpu, shape, in_place):
+    """gpu_softmax's one pass (a thread per position) against Caffe's five kernels, bit for bit, NaN and infinities
+    included, also in place and over more channels than it takes by default."""
+    from pycaffe_dist.layers.gpu_helpers import gpu_softmax
+    x = softmax_input(shape)
+    outer, channels, inner = shape[0], shape[1], int(np.prod(shape[2:], dtype=int))
+    results = []
+    for one_pass in (True, False):
+        src = gpu.to_device(x.reshape(-1))
+        dst = src if in_place else gpu.to_device(np.full(x.size, 7.0, np.float32))
+        gpu_softmax(src, dst, outer, channels, inner, gpu.to_device(np.zeros(outer * inner, np.float32)), one_pass)
+        results.append(gpu.to_host(dst))
+    np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("channels, launches", [(10, ["softmax_positions"]), (64, ["softmax_positions"]),
+                                                (65, ["softmax_channel_max", "softmax_channel_subtract",
+                                                      "softmax_exp", "softmax_channel_sum",
+                                                      "softmax_channel_div"])])
+def test_softmax_of_few_channels_is_one_launch(gpu, monkeypatch, channels, launches):
+    calls = []
+    launch = gpu.launch
+    monkeypatch.setattr(gpu, "launch", lambda kernel, *args: calls.append(kernel) or launch(kernel, *args))
+    cpu, dev = run_both('type: "Softmax"', [gaussian((4, channels), scale=3.0)], backward=False)
+    assert_same(cpu, dev)
+    assert calls == launches
+
+
 # --- SoftmaxWithLoss -------------------------------------------------------------------------------------------------
 
 NORMALIZATIONS = ["VALID", "BATCH_SIZE", "FULL", "NONE"]
@@ -86,6 +127,37 @@ def test_softmax_loss_other_axis_and_probability_top(gpu):
     y = labels((2, 3, 5), 4, ignore=1)
     cpu, dev = run_both(softmax_loss_text("VALID", 1, axis=2), [x, y], num_tops=2)
     assert_same(cpu, dev)
+
+
+@pytest.mark.parametrize("normalization, ignore", [("BATCH_SIZE", None), ("FULL", 2), ("VALID", None),
+                                                   ("NONE", 4)])
+@pytest.mark.parametrize("weight", [1.0, -0.3])
+def test_softmax_loss_backward_in_one_launch_is_caffes_three_calls(gpu, monkeypatch, normalization, ignore, weight):
+    """Where the normalizer is fixed, the backward is one kernel: Caffe's copy of the probabilities, its kernel and
+    its scal (here cuBLAS's, or numpy's on the emulated device) give the same bits. A negative loss weight makes
+    an ignored position's zeros -0 in both."""
+    from pycaffe_dist.layers.loss import ignore_args
+    calls = []
+    launch = gpu.launch
+    monkeypatch.setattr(gpu, "launch", lambda kernel, *args: calls.append(kernel) or launch(kernel, *args))
+    shape, label_shape = (6, 5, 3), (6, 3)
+    y = labels(label_shape, 5, ignore=ignore)
+    cpu, dev = run_both(softmax_loss_text(normalization, ignore), [gaussian(shape, scale=2.0), y],
+                        loss_weight=weight)
+    assert_same(cpu, dev)
+    assert [c for c in calls if "loss_backward" in c] == ["softmax_loss_backward_scaled"]
+    # Caffe's three calls on the same probabilities
+    layer = dev.layer
+    positions, count = 18, int(np.prod(shape))
+    prob = layer.buffer("prob", count, device=True)
+    diff = gpu.to_device(np.zeros(count, np.float32))
+    gpu.copy(diff, prob)
+    flags = gpu.to_device(np.zeros(positions, np.float32))
+    launch("softmax_loss_backward", positions, gpu.to_device(y.reshape(-1)), 5, 3, *ignore_args(ignore), diff, flags)
+    fixed = {"BATCH_SIZE": 6, "FULL": 18, "VALID": 18, "NONE": 1}[normalization]
+    gpu.scal(count, float(np.float32(weight) / np.float32(fixed)), diff)
+    np.testing.assert_array_equal(gpu.to_host(diff).view(np.uint32),
+                                  dev.bottom[0].diff.reshape(-1).view(np.uint32))
 
 
 def test_softmax_loss_all_ignored(gpu):
