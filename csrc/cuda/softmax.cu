@@ -141,6 +141,37 @@ PCD_KERNEL void softmax_loss_backward(const int n, const float* label, const int
   }
 }
 
+// The forward's loss over few positions in one launch of one thread (layers/loss.py), which walks the positions in
+// order, as Caffe's Forward_cpu sums them, and writes what softmax_loss_forward, channel_sums and softmax_loss_total
+// write together: sums_a = [the valid count, the bad labels], sums_ab = [the sum of the losses, 0], the normalizer
+// and top. loss + (-log p) is Forward_cpu's loss - log p, the same bits. n = 1.
+PCD_KERNEL void softmax_loss_sequential(const int n, const int positions, const float* prob, const float* label,
+                                        const int channels, const int inner, const int has_ignore_label,
+                                        const int ignore_label, const float fixed, float* sums_a, float* sums_ab,
+                                        float* normalizer, float* top) {
+  CUDA_KERNEL_LOOP(index, n) {
+    float loss = 0, count = 0, bad = 0;
+    for (int p = 0; p < positions; ++p) {
+      const int o = p / inner, i = p % inner;
+      const int label_value = static_cast<int>(label[p]);
+      if (has_ignore_label && label_value == ignore_label) continue;
+      if (label_value < 0 || label_value >= channels) {
+        bad += 1;
+        continue;
+      }
+      loss += -logf(max(prob[(o * channels + label_value) * inner + i], SOFTMAX_FLT_MIN));
+      count += 1;
+    }
+    sums_a[0] = count;
+    sums_a[1] = bad;
+    sums_ab[0] = loss;
+    sums_ab[1] = 0;
+    const float d = fixed > 0.0f ? fixed : fmaxf(1.0f, rintf(count));
+    normalizer[0] = d;
+    top[0] = loss / d;
+  }
+}
+
 // The backward's three calls as one where the normalizer is fixed (known on the host): copy the probabilities,
 // subtract 1 at the label (zero an ignored position's channels), multiply by scale = loss weight / normalizer (the
 // cuBLAS scal): the same operations in the same order. bottom_diff may not be prob. n = outer * inner.

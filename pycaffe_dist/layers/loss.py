@@ -21,6 +21,9 @@ LossParameter = caffe_pb2.LossParameter
 
 # loss_layer.hpp kLOG_THRESHOLD (MultinomialLogistic and Infogain losses): a float constant, also in double nets
 LOG_THRESHOLD = float(np.float32(1e-20))
+# The most label positions whose SoftmaxWithLoss is summed by one GPU thread (a classifier's batch: 256 logs take
+# a thread a few microseconds, less than the launches of the parallel sum cost the host)
+SEQUENTIAL_LOSS_MAX_POSITIONS = 256
 
 
 class LossLayer(Layer):
@@ -175,8 +178,10 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
 
     # GPU, after softmax_loss_layer.cu: per-position loss and count arrays summed on the device. Caffe reduces
     # them with asum, which returns to the host: the host waits for the GPU in mid-pass. Here the loss stays on
-    # the device (channel_sums, then softmax_loss_total), and the labels' check (Caffe has none on the GPU: it
-    # reads past the class axis) waits for the net to read the loss (finish_forward_gpu).
+    # the device (channel_sums, then softmax_loss_total; up to SEQUENTIAL_LOSS_MAX_POSITIONS positions, one thread
+    # in one launch, where the three launches would cost the host more than the thread's loop costs the GPU), and
+    # the labels' check (Caffe has none on the GPU: it reads past the class axis) waits for the net to read the loss
+    # (finish_forward_gpu).
     defers_checks = True
 
     def _fixed_normalizer(self):
@@ -203,13 +208,21 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         prob = top[1].mutable_gpu_data if len(top) > 1 else self.buffer("prob", bottom[0].count, device=True)
         gpu_softmax(bottom[0].gpu_data, prob, self.outer_num, channels, self.inner_num,
                     self.buffer("scale", positions, device=True))
+        self._labels_to_check = (bottom[1], channels)
+        if positions <= SEQUENTIAL_LOSS_MAX_POSITIONS:
+            # One thread, one launch, Caffe's CPU order; the buffers _device_loss fills ("forward_sums": read by
+            # finish_forward_gpu)
+            dev.launch("softmax_loss_sequential", 1, positions, prob, bottom[1].gpu_data, channels, self.inner_num,
+                       *ignore_args(self.ignore_label), float(self._fixed_normalizer()),
+                       self.buffer("forward_sums", 2, device=True), self.buffer("forward_loss_sums", 2, device=True),
+                       self.buffer("forward_normalizer", 1, device=True), top[0].mutable_gpu_data)
+            return
         flags = self.buffer("counts_bad", 2 * positions, device=True)           # [counts | bad]
         values = self.buffer("loss_zeros", 2 * positions, device=True, fill=0.0)  # [loss | 0]
         dev.launch("softmax_loss_forward", positions, prob, bottom[1].gpu_data, channels, self.inner_num,
                    *ignore_args(self.ignore_label), values.at(0, positions), flags.at(0, positions),
                    flags.at(positions, positions))
         self._device_loss(flags, values, positions, "forward", top[0].mutable_gpu_data)
-        self._labels_to_check = (bottom[1], channels)
 
     def finish_forward_gpu(self):
         """Raise the CPU path's error for a label outside [0, channels) that the last GPU forward flagged."""

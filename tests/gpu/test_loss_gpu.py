@@ -115,6 +115,35 @@ def test_softmax_loss(gpu, normalization, ignore):
     assert dev.top[0].data != 0
 
 
+@pytest.mark.parametrize("positions, path", [(24, "softmax_loss_sequential"), (256, "softmax_loss_sequential"),
+                                            (300, "softmax_loss_forward")])
+@pytest.mark.parametrize("normalization, ignore", [("VALID", 2), ("VALID", None), ("BATCH_SIZE", 0), ("NONE", None)])
+def test_softmax_loss_summed_by_one_thread_or_in_parallel(gpu, monkeypatch, positions, path, normalization, ignore):
+    """Up to SEQUENTIAL_LOSS_MAX_POSITIONS positions one thread sums the loss in one launch, in Caffe's CPU order:
+    on the emulated device (the host's logf) the CPU's bits; more, the per-position kernel and the parallel sums."""
+    from pycaffe_dist.layers.loss import SEQUENTIAL_LOSS_MAX_POSITIONS
+    assert SEQUENTIAL_LOSS_MAX_POSITIONS == 256
+    calls = []
+    launch = gpu.launch
+    monkeypatch.setattr(gpu, "launch", lambda kernel, *args: calls.append(kernel) or launch(kernel, *args))
+    x = gaussian((positions // 4, 6, 4), scale=2.0)
+    y = labels((positions // 4, 4), 6, ignore)
+    cpu, dev = run_both(softmax_loss_text(normalization, ignore), [x, y], loss_weight=1.5)
+    assert_same(cpu, dev)
+    assert path in calls and ({"softmax_loss_sequential", "softmax_loss_forward"} - {path}).isdisjoint(calls)
+    if path == "softmax_loss_sequential" and gpu.name.startswith("emulated"):
+        assert dev.top[0].data.tobytes() == cpu.top[0].data.tobytes()
+
+
+@pytest.mark.parametrize("positions", [12, 300])
+def test_a_bad_label_is_the_cpu_error_on_both_paths(gpu, positions):
+    y = labels((positions,), 3)
+    y[positions - 5] = 3
+    text = softmax_loss_text()
+    assert forward_error(text, [gaussian((positions, 3)), y], True) == forward_error(text, [gaussian((positions, 3)), y],
+                                                                                     False)
+
+
 @pytest.mark.parametrize("normalize", [True, False])
 def test_softmax_loss_deprecated_normalize(gpu, normalize):
     cpu, dev = run_both(softmax_loss_text(normalize=normalize, ignore=0), [gaussian((6, 4)), labels((6,), 4)])
