@@ -18,9 +18,10 @@
 # into data/fashion-mnist/*.datumfile; without them the training rows say so.
 # Writes to $OUT (default out/gpu_check): build.log, tests.log, bench_nets.txt, bench_nets_gpu.png,
 # bench_nets_transforms_{0,all}.txt (the nets of TRANSFORM_NETS with PCD_CUDNN_TRANSFORMS=0 and =all), host_costs.txt
-# (the host's time of each call of a step of the nets of HOST_NETS: tools/gpu_host_costs.py), kernels_NET.txt (every
-# GPU kernel of a training step of ours and of PyTorch's copy, by name and by kind: bench/gpu_kernels.py), train.log,
-# workers_MODE.log, workers_MODE.json and summary.txt (the table).
+# (the host's time of each call of a step of the nets of HOST_NETS: tools/gpu_host_costs.py),
+# host_costs_convolutions_only.txt and bench_nets_convolutions_only.txt (the same nets with cuDNN for their
+# convolutions only: PCD_CUDNN_LAYERS), kernels_NET.txt (every GPU kernel of a training step of ours and of PyTorch's
+# copy, by name and by kind: bench/gpu_kernels.py), train.log, workers_MODE.log, workers_MODE.json and summary.txt.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -112,23 +113,37 @@ if want transforms; then
             tee "$OUT/bench_nets_transforms_$setting.txt"
         while IFS='|' read -r _ net batch _ ours torch ratio target _; do
             row "bench $(echo $net) b$(echo $batch), PCD_CUDNN_TRANSFORMS=$setting" \
-                "ours/PyTorch $(echo $ratio) (target $(echo $target))" "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
+                "ours/PyTorch $(echo $ratio) (target $(echo $target))" \
+                "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
         done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets_transforms_$setting.txt")
     done
 fi
-# --- where the host's time of a step goes: each cuDNN function, kernel launch and cuBLAS call timed around the call
+# --- where the host's time of a step goes: each cuDNN function, kernel launch and cuBLAS call timed around the call;
+# then the same with cuDNN for the convolutions only (PCD_CUDNN_LAYERS: the other layers on our kernels, whose
+# launches may cost the host less than cuDNN's calls), timed by bench/nets.py too -----------------------------------
 if want host; then
-    say "host: tools/gpu_host_costs.py $HOST_NETS"
-    python3 tools/gpu_host_costs.py --nets "${HOST_NETS// /,}" --iterations 20 > "$OUT/host_costs.txt" 2>&1
-    for net in $HOST_NETS; do
-        line=$(grep -E "^summary $net: " "$OUT/host_costs.txt")     # "summary NET: times | the 3 costliest calls"
-        if [ -n "$line" ]; then
-            line=${line#summary $net: }
-            row "host time $net" "${line%% |*}" "${line#*| }"
-        else
-            row "host time $net" "failed" "see host_costs.txt"
-        fi
+    for layers in "" Convolution,Deconvolution; do
+        tag=${layers:+_convolutions_only}
+        say "host: tools/gpu_host_costs.py $HOST_NETS${layers:+, PCD_CUDNN_LAYERS=$layers}"
+        PCD_CUDNN_LAYERS=$layers python3 tools/gpu_host_costs.py --nets "${HOST_NETS// /,}" --iterations 20 \
+            > "$OUT/host_costs$tag.txt" 2>&1
+        for net in $HOST_NETS; do
+            line=$(grep -E "^summary $net: " "$OUT/host_costs$tag.txt")     # "summary NET: times | the costliest"
+            if [ -n "$line" ]; then
+                line=${line#summary $net: }
+                row "host time $net${layers:+, cuDNN convolutions only}" "${line%% |*}" "${line#*| }"
+            else
+                row "host time $net${layers:+, cuDNN convolutions only}" "failed" "see host_costs$tag.txt"
+            fi
+        done
     done
+    say "bench/nets.py --gpu, PCD_CUDNN_LAYERS=Convolution,Deconvolution"
+    PCD_CUDNN_LAYERS=Convolution,Deconvolution python3 bench/nets.py --gpu --iterations 20 \
+        --nets "${HOST_NETS// /,}" 2>&1 | tee "$OUT/bench_nets_convolutions_only.txt"
+    while IFS='|' read -r _ net batch _ ours torch ratio target _; do
+        row "bench $(echo $net) b$(echo $batch), cuDNN convolutions only" \
+            "ours/PyTorch $(echo $ratio) (target $(echo $target))" "ours $(echo $ours) ms, PyTorch $(echo $torch) ms"
+    done < <(grep -E '^\| [a-z0-9_]+ \| [0-9]+ \|' "$OUT/bench_nets_convolutions_only.txt")
 fi
 # --- where the GPU time goes: every kernel of a training step, ours and PyTorch's, timed by the GPU (CUPTI) ----------
 if want profile; then

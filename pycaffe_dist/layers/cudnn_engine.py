@@ -21,11 +21,17 @@ with the mask top, LRN ACROSS_CHANNELS with local_size > 16, ReLU with a negativ
   explicit CUDNN gets the warning. CPU mode never asks (the GPU code does not run), as Caffe's cuDNN layers run
   their CPU code there.
 
+- PCD_CUDNN_LAYERS=Convolution,Deconvolution (a list of layer types): engine DEFAULT means cuDNN only for the
+  types listed, our kernels for the others; an explicit CUDNN is kept. For measuring: each cuDNN call costs the
+  host tens of microseconds where a launch of ours costs about ten (tools/gpu_host_costs.py), and a small net's
+  step is paced by the host (tools/gpu_check.sh times the nets both ways).
+
 Caffe chooses when it creates the layer (Caffe::mode()); we choose at the layer's first GPU pass on a device.
 Each `*_op` is the cuDNN op that runs a layer now, or None; each `*_forward` / `*_backward` returns True when
 cuDNN did the work, False when the layer's own GPU code must.
 """
 import logging
+import os
 
 from ..backend import cudnn, select
 from ..blob.blob import count
@@ -35,6 +41,7 @@ from ..proto import caffe_pb2
 log = logging.getLogger("pycaffe_dist")
 
 DEFAULT, CAFFE, CUDNN = 0, 1, 2     # every Engine enum of caffe.proto (Convolution, Pooling, LRN, ReLU, ...)
+LAYERS_VARIABLE = "PCD_CUDNN_LAYERS"    # the layer types engine DEFAULT may send to cuDNN (unset: all, as Caffe)
 PP = caffe_pb2.PoolingParameter
 _notice = {}                        # "given": the one warning of this process about a missing cuDNN
 
@@ -61,7 +68,16 @@ def context(layer, engine):
     return held[1]
 
 
+def default_takes_cudnn(layer_type):
+    """Whether engine DEFAULT may mean cuDNN for a layer of `layer_type`: yes unless PCD_CUDNN_LAYERS lists types
+    and not this one."""
+    listed = {name.strip() for name in os.environ.get(LAYERS_VARIABLE, "").split(",") if name.strip()}
+    return not listed or layer_type in listed
+
+
 def _resolve(layer, dev, explicit):
+    if not explicit and not default_takes_cudnn(layer.param.type):
+        return None
     if not is_cuda_device(dev):
         if explicit:
             _warn_once(layer, explicit, "the %s has no cuDNN" % dev.name)

@@ -516,6 +516,22 @@ def test_default_is_cudnn_on_a_gpu_and_finds_each_direction_once(gpu_with_cudnn)
     assert math.value == cudnn.CUDNN_FMA_MATH, "float32 convolutions must not run on TF32 tensor cores"
 
 
+def test_default_sends_only_the_listed_types_to_cudnn(gpu_with_cudnn, monkeypatch):
+    """PCD_CUDNN_LAYERS=Convolution: a DEFAULT convolution still runs cuDNN, a DEFAULT ReLU our kernel; an
+    explicit CUDNN is kept."""
+    monkeypatch.setenv(cudnn_engine.LAYERS_VARIABLE, " Convolution , Deconvolution")
+    conv, _ = run_layer(conv_text("kernel_size: 3 pad: 1").replace("engine: ENGINE ", ""), [data(2, 3, 5, 5)], "")
+    assert "_cudnn_op" in conv.__dict__
+    relu_text = 'type: "ReLU" relu_param { engine: ENGINE }'
+    relu, _ = run_layer(relu_text.replace("engine: ENGINE ", ""), [data(2, 3, 4)], "")
+    assert "_cudnn_op" not in relu.__dict__, "DEFAULT meant cuDNN for a type PCD_CUDNN_LAYERS leaves out"
+    relu, _ = run_layer(relu_text, [data(2, 3, 4)], "CUDNN")
+    assert "_cudnn_op" in relu.__dict__
+    assert cudnn_engine.default_takes_cudnn("Convolution") and not cudnn_engine.default_takes_cudnn("Pooling")
+    monkeypatch.delenv(cudnn_engine.LAYERS_VARIABLE)
+    assert cudnn_engine.default_takes_cudnn("Pooling")
+
+
 POOL_CASES = [
     ("kernel_size: 3 stride: 2 pad: 1", (2, 3, 7, 7)),
     ("kernel_size: 2 stride: 2", (2, 3, 6, 6)),
