@@ -5,8 +5,9 @@ cannot see without a GPU), and what is left: our Python between them.
     python tools/gpu_host_costs.py [--nets cifar10_quick,googlenet] [--iterations 20] [--top 15]
 
 The nets are bench/nets.py's at its GPU batches, stepped as bench/nets.py --gpu steps them (forward + backward).
-For each net: the step's wall time, the host's share of it (until the last call is queued; after that the host
-waits for the GPU), and a table of the calls by name: how many a step, microseconds each, milliseconds a step.
+For each net: the step's wall time, the host's share of it (the step less its waits for the GPU: the downloads of
+the loss, which wait for all the work queued before them), and a table of the calls by name: how many a step,
+microseconds each, milliseconds a step.
 A step whose host time is most of its wall time is paced by the host: fewer or cheaper calls make it faster, a
 faster kernel does not. On the emulated device (PCD_DEVICE=emulated) the table is the emulation's, which runs the
 kernels on the CPU: it shows the tool works, not what a GPU costs.
@@ -21,6 +22,9 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bench"))
 sys.path.insert(0, str(HERE.parent))
+
+
+WAIT = "wait"      # the kind of the calls that wait for the GPU (a download returns when the queue before it is done)
 
 
 class Clock:
@@ -62,13 +66,15 @@ def instrument(clock, dev):
     else:                       # the emulated device: its BLAS entry points
         for method in ("_sgemm", "_sgemm_batched", "_sgemv", "axpy", "scal", "dot", "asum"):
             undos.append(clock.wrap(device_class, method, "BLAS", lambda args, m=method: m.lstrip("_")))
-    for method in ("upload", "download", "copy", "memset"):
+    for method in ("upload", "copy", "memset"):
         undos.append(clock.wrap(device_class, method, "memory", lambda args, m=method: m))
+    undos.append(clock.wrap(device_class, "download", WAIT, lambda args: "download"))
     return undos
 
 
 def measure(net_name, iterations):
-    """(step wall ms, host ms until the last call, {(kind, name): (calls a step, seconds a step)}, device name)."""
+    """(step wall ms, the step's host ms (waits included), {(kind, name): (calls a step, seconds a step)}, device
+    name)."""
     import nets as bench_nets
     from pycaffe_dist.net.net import Net
     from pycaffe_dist.proto import caffe_pb2
@@ -93,11 +99,11 @@ def measure(net_name, iterations):
             clock.on = True
             started = time.perf_counter()
             step()
-            queued = time.perf_counter()
+            returned = time.perf_counter()
             clock.on = False
             dev.synchronize()
             wall += time.perf_counter() - started
-            host += queued - started
+            host += returned - started
     finally:
         for undo in undos:
             undo()
@@ -105,11 +111,15 @@ def measure(net_name, iterations):
     return 1000.0 * wall / iterations, 1000.0 * host / iterations, per_step, dev.name
 
 
-def report(net_name, wall_ms, host_ms, per_step, top):
-    timed_ms = 1000.0 * sum(seconds for _, seconds in per_step.values())
-    print("\n%s: step %.3f ms wall; the host queues it in %.3f ms (%.0f%%): %.3f ms in the calls below, %.3f ms of "
-          "Python between them" % (net_name, wall_ms, host_ms, 100.0 * host_ms / wall_ms if wall_ms else 0.0,
-                                   timed_ms, host_ms - timed_ms))
+def report(net_name, wall_ms, step_ms, per_step, top):
+    """Print the net's section; the host's busy time is the step's less its waits for the GPU."""
+    wait_ms = 1000.0 * sum(seconds for (kind, _), (_, seconds) in per_step.items() if kind == WAIT)
+    timed_ms = 1000.0 * sum(seconds for (kind, _), (_, seconds) in per_step.items() if kind != WAIT)
+    host_ms = step_ms - wait_ms
+    print("\n%s: step %.3f ms wall; the host is busy %.3f ms of it (%.0f%%): %.3f ms in the calls below, %.3f ms of "
+          "Python between them; %.3f ms waiting for the GPU" % (
+              net_name, wall_ms, host_ms, 100.0 * host_ms / wall_ms if wall_ms else 0.0, timed_ms,
+              host_ms - timed_ms, wait_ms))
     kinds = collections.defaultdict(lambda: [0.0, 0.0])
     for (kind, _), (calls, seconds) in per_step.items():
         kinds[kind][0] += calls
@@ -120,7 +130,7 @@ def report(net_name, wall_ms, host_ms, per_step, top):
         print("| %s | %.0f | %.1f | %.3f |" % (kind, calls, 1e6 * seconds / calls, 1000.0 * seconds))
     print("| call | calls / step | us / call | ms / step |")
     print("|---|---:|---:|---:|")
-    ranked = sorted(per_step.items(), key=lambda item: -item[1][1])
+    ranked = sorted(((key, value) for key, value in per_step.items() if key[0] != WAIT), key=lambda item: -item[1][1])
     for (kind, name), (calls, seconds) in ranked[:top]:
         print("| %s %s | %.0f | %.1f | %.3f |" % (kind, name, calls, 1e6 * seconds / calls, 1000.0 * seconds))
     # one line for tools/gpu_check.sh's table
