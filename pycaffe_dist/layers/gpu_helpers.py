@@ -41,7 +41,11 @@ def gpu_softmax(x, y, outer, channels, inner, scale, one_pass=None):
     the launches they save (1000 classes at batch 32: 32 threads)."""
     dev = select.current()
     count = outer * channels * inner
-    if one_pass if one_pass is not None else channels <= ONE_PASS_MAX_CHANNELS:
+    if count == 0:      # nothing to compute (the kernels would read a first channel that is not there)
+        return
+    if one_pass is None:
+        one_pass = channels <= ONE_PASS_MAX_CHANNELS
+    if one_pass:
         dev.launch("softmax_positions", outer * inner, channels, inner, x, y)
         return
     if x.ptr != y.ptr:
