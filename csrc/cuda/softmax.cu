@@ -144,23 +144,31 @@ PCD_KERNEL void softmax_loss_backward(const int n, const float* label, const int
 // The forward's loss over few positions in one launch of one thread (layers/loss.py), which walks the positions in
 // order, as Caffe's Forward_cpu sums them, and writes what softmax_loss_forward, channel_sums and softmax_loss_total
 // write together: sums_a = [the valid count, the bad labels], sums_ab = [the sum of the losses, 0], the normalizer
-// and top. loss + (-log p) is Forward_cpu's loss - log p, the same bits. n = 1.
+// and top. loss + (-log p) is Forward_cpu's loss - log p, the same bits. A lone thread waits for each load (a few
+// hundred cycles from L2), and a position's probability is read at its label: the loop has no early exits and
+// reads channel 0 where the label is not valid, so that the compiler can issue several positions' loads at once
+// (unrolled by 4). n = 1.
 PCD_KERNEL void softmax_loss_sequential(const int n, const int positions, const float* prob, const float* label,
                                         const int channels, const int inner, const int has_ignore_label,
                                         const int ignore_label, const float fixed, float* sums_a, float* sums_ab,
                                         float* normalizer, float* top) {
   CUDA_KERNEL_LOOP(index, n) {
     float loss = 0, count = 0, bad = 0;
+#ifdef __CUDACC__
+#pragma unroll 4
+#endif
     for (int p = 0; p < positions; ++p) {
       const int o = p / inner, i = p % inner;
       const int label_value = static_cast<int>(label[p]);
-      if (has_ignore_label && label_value == ignore_label) continue;
-      if (label_value < 0 || label_value >= channels) {
-        bad += 1;
-        continue;
+      const bool ignored = has_ignore_label && label_value == ignore_label;
+      const bool out_of_range = !ignored && (label_value < 0 || label_value >= channels);
+      const bool valid = !ignored && !out_of_range;
+      const float q = prob[(o * channels + (valid ? label_value : 0)) * inner + i];
+      if (valid) {
+        loss += -logf(max(q, SOFTMAX_FLT_MIN));
+        count += 1;
       }
-      loss += -logf(max(prob[(o * channels + label_value) * inner + i], SOFTMAX_FLT_MIN));
-      count += 1;
+      if (out_of_range) bad += 1;
     }
     sums_a[0] = count;
     sums_a[1] = bad;

@@ -21,8 +21,10 @@ LossParameter = caffe_pb2.LossParameter
 
 # loss_layer.hpp kLOG_THRESHOLD (MultinomialLogistic and Infogain losses): a float constant, also in double nets
 LOG_THRESHOLD = float(np.float32(1e-20))
-# The most label positions whose SoftmaxWithLoss is summed by one GPU thread (a classifier's batch: 256 logs take
-# a thread a few microseconds, less than the launches of the parallel sum cost the host)
+# The most label positions whose SoftmaxWithLoss is summed by one GPU thread (a classifier's batch). The thread's
+# loop is bound by the latency of its loads: about 256 x 2 L2 reads, 4 at a time, some 20 us of GPU time at 256,
+# where the parallel sum's three more launches cost the host about as much and the GPU of a small net has time to
+# spare while the host queues the backward.
 SEQUENTIAL_LOSS_MAX_POSITIONS = 256
 
 
@@ -179,7 +181,7 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
     # GPU, after softmax_loss_layer.cu: per-position loss and count arrays summed on the device. Caffe reduces
     # them with asum, which returns to the host: the host waits for the GPU in mid-pass. Here the loss stays on
     # the device (channel_sums, then softmax_loss_total; up to SEQUENTIAL_LOSS_MAX_POSITIONS positions, one thread
-    # in one launch, where the three launches would cost the host more than the thread's loop costs the GPU), and
+    # in one launch, where three more launches would cost the host about what the thread's loop costs the GPU), and
     # the labels' check (Caffe has none on the GPU: it reads past the class axis) waits for the net to read the loss
     # (finish_forward_gpu).
     defers_checks = True
