@@ -211,9 +211,9 @@ class SoftmaxWithLossLayer(_SoftmaxLossBase):
         gpu_softmax(bottom[0].gpu_data, prob, self.outer_num, channels, self.inner_num,
                     self.buffer("scale", positions, device=True))
         self._labels_to_check = (bottom[1], channels)
-        if positions <= SEQUENTIAL_LOSS_MAX_POSITIONS:
+        if positions <= SEQUENTIAL_LOSS_MAX_POSITIONS and channels:
             # One thread, one launch, Caffe's CPU order; the buffers _device_loss fills ("forward_sums": read by
-            # finish_forward_gpu)
+            # finish_forward_gpu). (It reads channel 0 at an invalid label: there must be one.)
             dev.launch("softmax_loss_sequential", 1, positions, prob, bottom[1].gpu_data, channels, self.inner_num,
                        *ignore_args(self.ignore_label), float(self._fixed_normalizer()),
                        self.buffer("forward_sums", 2, device=True), self.buffer("forward_loss_sums", 2, device=True),

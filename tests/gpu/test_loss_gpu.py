@@ -158,6 +158,12 @@ def test_softmax_loss_other_axis_and_probability_top(gpu):
     assert_same(cpu, dev)
 
 
+def test_no_classes_is_the_cpu_error(gpu):
+    """A score blob of 0 channels: every label is out of range (and no kernel may read a first channel)."""
+    x, y = np.zeros((4, 0), np.float32), np.zeros(4, np.float32)
+    assert forward_error(softmax_loss_text(), [x, y], True) == forward_error(softmax_loss_text(), [x, y], False)
+
+
 @pytest.mark.parametrize("normalization, ignore", [("BATCH_SIZE", None), ("FULL", 2), ("VALID", None),
                                                    ("NONE", 4)])
 @pytest.mark.parametrize("weight", [1.0, -0.3])
