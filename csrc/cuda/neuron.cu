@@ -30,7 +30,7 @@ PCD_KERNEL void prelu_forward(const int n, const int channels, const int dim, co
   CUDA_KERNEL_LOOP(i, n) {
     const float v = x[i];
     const float a = slope[(i / dim) % channels / div_factor];
-    y[i] = neuron_max0(v) + a * neuron_min0(v);
+    y[i] = relu_value(v, a);     // Caffe's PReLU is the ReLU of a learned slope
   }
 }
 

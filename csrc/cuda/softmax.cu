@@ -7,6 +7,15 @@
 
 #define SOFTMAX_FLT_MIN 1.175494351e-38f   // FLT_MIN, which softmax_loss_layer.cu clamps the probability at
 
+// A position's loss for the probability of its label: -log(max(p, FLT_MIN)), as softmax_loss_layer.cu.
+PCD_DEVICE float softmax_label_loss(const float p) { return -logf(max(p, SOFTMAX_FLT_MIN)); }
+
+// The loss's normalizer: `fixed` where it does not depend on the labels (> 0), else max(1, the valid count), Caffe's
+// get_normalizer for VALID with an ignore_label (the host path's int(round(asum(counts)))).
+PCD_DEVICE float softmax_loss_normalizer(const float fixed, const float valid_count) {
+  return fixed > 0.0f ? fixed : fmaxf(1.0f, rintf(valid_count));
+}
+
 // out[o, i] = max over c of data[o, c, i]; n = outer * inner.
 PCD_KERNEL void softmax_channel_max(const int n, const int channels, const int inner, const float* data,
                                     float* out) {
@@ -117,7 +126,7 @@ PCD_KERNEL void softmax_loss_forward(const int n, const float* prob, const float
       bad[index] = 1;
       continue;
     }
-    loss[index] = -logf(max(prob[(o * channels + label_value) * inner + i], SOFTMAX_FLT_MIN));
+    loss[index] = softmax_label_loss(prob[(o * channels + label_value) * inner + i]);
     counts[index] = 1;
   }
 }
@@ -165,7 +174,7 @@ PCD_KERNEL void softmax_loss_sequential(const int n, const int positions, const 
       const bool valid = !ignored && !out_of_range;
       const float q = prob[(o * channels + (valid ? label_value : 0)) * inner + i];
       if (valid) {
-        loss += -logf(max(q, SOFTMAX_FLT_MIN));
+        loss += softmax_label_loss(q);
         count += 1;
       }
       if (out_of_range) bad += 1;
@@ -174,7 +183,7 @@ PCD_KERNEL void softmax_loss_sequential(const int n, const int positions, const 
     sums_a[1] = bad;
     sums_ab[0] = loss;
     sums_ab[1] = 0;
-    const float d = fixed > 0.0f ? fixed : fmaxf(1.0f, rintf(count));
+    const float d = softmax_loss_normalizer(fixed, count);
     normalizer[0] = d;
     top[0] = loss / d;
   }
@@ -207,7 +216,7 @@ PCD_KERNEL void softmax_loss_backward_scaled(const int n, const float* prob, con
 PCD_KERNEL void softmax_loss_total(const int n, const float* sums_a, const float* sums_ab, const float fixed,
                                    float* normalizer, float* top) {
   CUDA_KERNEL_LOOP(index, n) {
-    const float d = fixed > 0.0f ? fixed : fmaxf(1.0f, rintf(sums_a[0]));
+    const float d = softmax_loss_normalizer(fixed, sums_a[0]);
     normalizer[0] = d;
     top[0] = sums_ab[0] / d;
   }
