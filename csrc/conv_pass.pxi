@@ -147,9 +147,9 @@ cdef int _pass(Pass* ps, str engine, const real[::1] im_in, const real[::1] y_in
             (want_dw and dw_partials.shape[0] < min(threads, chunks) * w.shape[0]) or \
             (want_bias and bias.shape[0] != out_channels):
         raise ValueError("%s.run: array sizes do not match %d images of %r" % (engine, num, tuple(im_shape)))
-    if num == 0 or rows == 0 or positions == 0 or im_count == 0:
-        # Empty sums (no channels in the window, no positions or an empty image: Caffe's sizes can be 0, and
-        # then the arrays of that side arrive empty): images get 0, outputs their bias, dW nothing.
+    if num == 0 or rows == 0 or positions == 0 or im_count == 0 or out_channels == 0:
+        # Empty sums (no channels in the window, no output channels, no positions or an empty image: Caffe's sizes
+        # can be 0, and then the arrays of that side arrive empty): images get 0, outputs their bias, dW nothing.
         if want_im:
             im_out[:] = 0
         if want_out:

@@ -8,8 +8,9 @@ from .._kernels import lrn as _k
 
 
 def _flat(a):
-    """(num, channels, height * width) view of a contiguous 4-axis array."""
-    return a.reshape(a.shape[0], a.shape[1], -1)
+    """(num, channels, height * width) view of a contiguous 4-axis array (sizes spelled out: an empty blob has
+    no -1 to infer)."""
+    return a.reshape(a.shape[0], a.shape[1], a.shape[2] * a.shape[3])
 
 
 def cross_channel_forward(x, scale, top, size, alpha, beta, k):
@@ -27,5 +28,6 @@ def cross_channel_backward(x, top, scale, top_diff, bottom_diff, size, alpha, be
 def window_sum(x, size):
     """Sum of each (height, width) plane over the size x size window centred on each pixel, zero-padded."""
     out = np.empty_like(x)
-    _k.box_sum(x.reshape(-1, x.shape[-2], x.shape[-1]), out.reshape(-1, x.shape[-2], x.shape[-1]), size)
+    planes = (int(np.prod(x.shape[:-2])),) + x.shape[-2:]
+    _k.box_sum(x.reshape(planes), out.reshape(planes), size)
     return out

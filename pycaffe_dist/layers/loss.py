@@ -126,7 +126,7 @@ class _SoftmaxLossBase(LossLayer):
         prob = top[1].data if len(top) > 1 else self.buffer("prob", x.shape, x.dtype)
         softmax.forward(x, prob, self.axis)
         self._prob = prob
-        return prob.reshape(self.outer_num, -1, self.inner_num)
+        return prob.reshape(self.outer_num, x.shape[self.axis], self.inner_num)   # no -1: a batch may be empty
 
     def labels(self, bottom):
         labels, valid = read_labels(self, bottom[1], bottom[0].shape[self.axis], self.ignore_label)
@@ -405,12 +405,12 @@ class HingeLossLayer(LossLayer):
 
     def _true_class(self, bottom):
         num = bottom[0].shape[0]
-        labels, _ = read_labels(self, bottom[1], bottom[0].count // num, count=num)
+        labels, _ = read_labels(self, bottom[1], bottom[0].count_range(1), count=num)
         return np.arange(num), labels
 
     def forward(self, bottom, top):
         num = bottom[0].shape[0]
-        margins = bottom[0].diff.reshape(num, -1)
+        margins = bottom[0].diff.reshape(num, bottom[0].count_range(1))
         np.copyto(margins, bottom[0].data.reshape(margins.shape))
         margins[self._true_class(bottom)] *= -1
         margins += 1
@@ -427,7 +427,7 @@ class HingeLossLayer(LossLayer):
         if not propagate_down[0]:
             return
         num = bottom[0].shape[0]
-        diff = bottom[0].diff.reshape(num, -1)
+        diff = bottom[0].diff.reshape(num, bottom[0].count_range(1))
         diff[self._true_class(bottom)] *= -1
         scale = self.loss_weight(top) / diff.dtype.type(num)
         if self.norm == caffe_pb2.HingeLossParameter.L1:
@@ -464,8 +464,8 @@ class ContrastiveLossLayer(LossLayer):
         self.margin, self.legacy_version = p.margin, p.legacy_version
 
     def forward(self, bottom, top):
-        num = bottom[0].shape[0]
-        self._diff = bottom[0].data.reshape(num, -1) - bottom[1].data.reshape(num, -1)
+        num, dim = bottom[0].shape[0], bottom[0].count_range(1)
+        self._diff = bottom[0].data.reshape(num, dim) - bottom[1].data.reshape(num, dim)
         self._dist_sq = np.einsum("ij,ij->i", self._diff, self._diff)
         self._similar = bottom[2].data.reshape(-1)[:num].astype(np.int64) != 0   # static_cast<int>(y)
         dtype = self._diff.dtype.type
@@ -493,7 +493,7 @@ class ContrastiveLossLayer(LossLayer):
                 mdist = margin - dist
                 beta = -alpha * mdist / (dist + dtype(1e-4))   # Caffe's epsilon against d = 0
             coeff = np.where(self._similar, alpha, np.where(mdist > 0, beta, 0))
-            np.multiply(self._diff, coeff[:, None], out=bottom[i].diff.reshape(num, -1))
+            np.multiply(self._diff, coeff[:, None], out=bottom[i].diff.reshape(self._diff.shape))
 
     def forward_gpu(self, bottom, top):
         # contrastive_loss_layer.cu: diff_ = a - b and the squared distances on the device; the per-pair loss terms
@@ -596,7 +596,7 @@ class InfogainLossLayer(_SoftmaxLossBase):
             return
         labels, valid = self.labels(bottom)
         h = self._infogain(bottom)
-        diff = bottom[0].diff.reshape(self.outer_num, -1, self.inner_num)
+        diff = bottom[0].diff.reshape(self.outer_num, self.num_labels, self.inner_num)
         np.multiply(self._prob.reshape(diff.shape), h.sum(axis=1)[labels][:, None, :], out=diff)
         diff -= h[labels].transpose(0, 2, 1)
         self.scaled_diff(top, valid, diff)
@@ -624,7 +624,7 @@ class MultinomialLogisticLossLayer(LossLayer):
 
     def _picked(self, bottom):
         num = bottom[0].shape[0]
-        x = bottom[0].data.reshape(num, -1)
+        x = bottom[0].data.reshape(num, bottom[0].count_range(1))
         labels, _ = read_labels(self, bottom[1], x.shape[1], count=num)
         rows = np.arange(num)
         return rows, labels, np.maximum(x[rows, labels], x.dtype.type(LOG_THRESHOLD))
@@ -638,7 +638,7 @@ class MultinomialLogisticLossLayer(LossLayer):
         if not propagate_down[0]:
             return
         rows, labels, prob = self._picked(bottom)
-        diff = bottom[0].diff.reshape(rows.size, -1)
+        diff = bottom[0].diff.reshape(rows.size, bottom[0].count_range(1))
         diff[...] = 0
         diff[rows, labels] = -self.loss_weight(top) / prob.dtype.type(rows.size) / prob
 

@@ -145,6 +145,8 @@ class MVNLayer(Layer):
         return blob.num if self.param.mvn_param.across_channels else blob.num * blob.channels
 
     def forward(self, bottom, top):
+        if not bottom[0].count:    # nothing to normalize (README: Where we differ from Caffe, empty blobs)
+            return
         mp = self.param.mvn_param
         rows = self._rows(bottom[0])
         x = bottom[0].data.reshape(rows, -1)
@@ -156,7 +158,7 @@ class MVNLayer(Layer):
         top[0].data.reshape(rows, -1)[...] = y
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if not propagate_down[0] or not bottom[0].count:
             return
         rows = self._rows(bottom[0])
         dy = top[0].diff.reshape(rows, -1)
@@ -179,7 +181,9 @@ class MVNLayer(Layer):
         dev = select.current()
         rows = self._rows(bottom[0])
         count = bottom[0].count
-        dim = count // rows if rows else 0
+        if not count:
+            return
+        dim = count // rows
         ones = self.buffer("ones", dim, fill=1.0, device=True)
         mean = self.buffer("mean", rows, device=True)
         y = top[0].mutable_gpu_data
@@ -195,12 +199,12 @@ class MVNLayer(Layer):
             dev.launch("norm_divide_group", count, y, std, rows, dim, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if not propagate_down[0] or not bottom[0].count:
             return
         dev = select.current()
         rows = self._rows(bottom[0])
         count = bottom[0].count
-        dim = count // rows if rows else 0
+        dim = count // rows
         ones = self.buffer("ones", dim, fill=1.0, device=True)
         dy = top[0].gpu_diff
         sum_dy = self.buffer("mean", rows, device=True)
@@ -272,6 +276,10 @@ class BatchNormLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
+        # No elements: no batch statistics, so the moving averages stay as they were (README: Where we differ from
+        # Caffe, empty blobs).
+        if not bottom[0].count:
+            return
         n = bottom[0].shape[0]
         x = bottom[0].data.reshape(n, self.channels, -1)   # (num, channels, spatial)
         dt = x.dtype.type
@@ -304,7 +312,7 @@ class BatchNormLayer(Layer):
         variance_sum[...] = correction * variance + maf * variance_sum
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if not propagate_down[0] or not bottom[0].count:
             return
         n = bottom[0].shape[0]
         # dx is built in new arrays before it is written: in place, the bottom's diff is the top's.
@@ -353,6 +361,8 @@ class BatchNormLayer(Layer):
         return mean, std
 
     def forward_gpu(self, bottom, top):
+        if not bottom[0].count:     # as forward: the moving averages stay
+            return
         mean, std = self.gpu_statistics(bottom)
         count, inner = bottom[0].count, max(self.gpu_dims(bottom)[2], 1)
         x, y = bottom[0].gpu_data, top[0].mutable_gpu_data
@@ -361,7 +371,7 @@ class BatchNormLayer(Layer):
         select.current().launch("batch_norm_normalize", count, x, mean, std, self.channels, inner, y, x_norm)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if not propagate_down[0] or not bottom[0].count:
             return
         dev = select.current()
         dims = self.gpu_dims(bottom)

@@ -48,7 +48,7 @@ class ArgMaxLayer(Layer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        values = x.reshape(x.shape[0], -1) if self.axis is None else np.moveaxis(x, self.axis, -1)
+        values = x.reshape(x.shape[0], bottom[0].count_range(1)) if self.axis is None else np.moveaxis(x, self.axis, -1)
         dim = values.shape[-1]
         # Caffe partially sorts (value, index) pairs with std::greater: of equal values the larger index comes
         # first. Searching the reversed axis (first maximum, stable sort) picks it.

@@ -98,6 +98,12 @@ class LayerRun:
         """Whether the layers, reshaped, may be fused as they are shaped now."""
         return True
 
+    def holds_elements(self):
+        """Whether the first layer's bottoms and tops all hold elements. An empty batch or axis runs the layers
+        apart: each layer's own code says what no elements mean (a BatchNorm keeps its statistics)."""
+        net = self.net
+        return all(net.blob_list[i].count for i in net.bottom_ids[self.first] + net.top_ids[self.first])
+
     def needs_backward(self):
         return self.net.layer_need_backward[self.first + self.forward_fused - 1]
 

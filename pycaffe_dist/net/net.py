@@ -347,7 +347,7 @@ class Net:
             return 0
         for next_id in range(layer_id + 1, layer_id + layers):
             self._reshape_layer(next_id, self.layers[next_id], *self._vecs(next_id))
-        if not fusion.fits():
+        if not (fusion.holds_elements() and fusion.fits()):
             return 0
         fusion.forward(*self._vecs(layer_id), layers)
         return layers
