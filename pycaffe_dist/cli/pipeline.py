@@ -4,6 +4,7 @@ it starts."""
 import logging
 import sys
 
+from ..backend import select
 from ..errors import PycaffeDistError
 from .distributed import checked_link, mode_options_given, run_launched_job
 
@@ -21,11 +22,12 @@ def cmd_train_pipeline(args):
     if args.workers is not None or args.mode is not None or any(v is not None for _, v in mode_options_given(args)):
         raise PycaffeDistError("--pipeline with data-parallel --workers/--mode: K stages x N replicas is not "
                                "supported yet; give one of them")
-    for flag, value in (("--redis", args.redis), ("--gpu", args.gpu),
-                        ("--redis-servers", args.redis_servers), ("--slow-worker", args.slow_worker or None)):
+    for flag, value in (("--redis", args.redis), ("--redis-servers", args.redis_servers),
+                        ("--slow-worker", args.slow_worker or None)):
         if value is not None:
-            raise PycaffeDistError("%s is not supported with --pipeline (its stages run on this machine's CPUs, "
-                                   "at a private redis-server)" % flag)
+            raise PycaffeDistError("%s is not supported with --pipeline (its stages run on this machine, at a "
+                                   "private redis-server)" % flag)
+    gpus = select.parse_gpus(args.gpu)
     link = checked_link(args)
     if args.snapshot and args.weights:
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
@@ -34,7 +36,7 @@ def cmd_train_pipeline(args):
                         max_iter=args.iterations, stats_path=args.stats, log=args.log)
     return run_launched_job(
         lambda progress, sink: launch.run_pipeline_local(settings, threads=args.threads or 1, progress=progress,
-                                                         sink=sink, link=link),
+                                                         sink=sink, link=link, gpus=gpus),
         "the master and the stages", "the pipeline's master")
 
 
@@ -53,6 +55,8 @@ def cmd_stage(args):
     from ..solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
+    if select.choose(args.gpu) is not None:
+        print("computing on GPU %s: %s" % (args.gpu, select.current().name), file=sys.stderr, flush=True)
     stage = Stage(args.redis, args.job, args.stage, threads=args.threads or 1, wait_for_job_s=args.wait)
     stats = stage.run()
     print("stage %d: %d iterations, %.1f s computing, %.1f s waiting" % (
@@ -71,6 +75,7 @@ def add_verbs(verbs):
     p.add_argument("--job", help="job id (default: the only job on the server)")
     p.add_argument("--stage", type=int, required=True, help="which stage (0: the data and the first layers)")
     p.add_argument("--threads", type=int, help="CPU threads (default 1)")
+    p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
                    "(default 60)")
     p.set_defaults(func=cmd_stage)

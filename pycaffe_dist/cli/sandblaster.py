@@ -4,6 +4,7 @@ processes it starts (and what runs it on many machines)."""
 import logging
 import sys
 
+from ..backend import select
 from ..errors import PycaffeDistError
 from .distributed import checked_link, mode_options_given, run_launched_job
 
@@ -44,11 +45,11 @@ def cmd_train_sandblaster(args):
         raise PycaffeDistError("%s: not options of mode sandblaster (it takes %s)" % (
             ", ".join(others), ", ".join(flag for flag, _, _ in FLAGS)))
     for flag, value in (("--pipeline", args.pipeline), ("--micro-batches", args.micro_batches),
-                        ("--redis", args.redis), ("--gpu", args.gpu),
-                        ("--redis-servers", args.redis_servers)):
+                        ("--redis", args.redis), ("--redis-servers", args.redis_servers)):
         if value is not None:
-            raise PycaffeDistError("%s is not supported with --mode sandblaster (its workers run on this machine's "
-                                   "CPUs, at a private redis-server)" % flag)
+            raise PycaffeDistError("%s is not supported with --mode sandblaster (its workers run on this machine, "
+                                   "at a private redis-server)" % flag)
+    gpus = select.parse_gpus(args.gpu)
     link = checked_link(args)
     if args.snapshot and args.weights:
         raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
@@ -63,7 +64,7 @@ def cmd_train_sandblaster(args):
     settings.check()                        # a bad value: one line, before any process starts
     return run_launched_job(
         lambda progress, sink: launch.run_sandblaster_local(settings, threads=args.threads or 1, progress=progress,
-                                                            sink=sink, slow_workers=slow, link=link),
+                                                            sink=sink, slow_workers=slow, link=link, gpus=gpus),
         "the master and the workers", "the Sandblaster master")
 
 
@@ -83,6 +84,8 @@ def cmd_sandblaster_worker(args):
     from ..solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
+    if select.choose(args.gpu) is not None:
+        print("computing on GPU %s: %s" % (args.gpu, select.current().name), file=sys.stderr, flush=True)
     worker = SandblasterWorker(args.redis, args.job, threads=args.threads or 1, wait_for_job_s=args.wait,
                                worker_id=args.id, delay_s=args.delay)
     stats = worker.run()
@@ -104,6 +107,7 @@ def add_verbs(verbs):
     p.add_argument("--job", help="job id (default: the only job on the server)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
     p.add_argument("--threads", type=int, help="CPU threads (default 1)")
+    p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
                    "(default 60)")
     p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every unit: a straggler "

@@ -159,6 +159,11 @@ def default_redis_servers(workers):
     return max(1, min(4, workers // 2))
 
 
+def _gpu_argv(gpus, i):
+    """Process i's --gpu: gpus[i % len(gpus)], one process per GPU or several sharing one; none without gpus."""
+    return ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
+
+
 def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout_s=60.0, gpus=(),
               private_redis=True, link=None, slow_workers=None, redis_servers=None):
     """Run a master (master.Settings: its solver, mode, options, ...; `settings.workers` workers) and its workers on
@@ -173,8 +178,7 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
     slow_workers = slow_workers or {}
 
     def worker(i, redis_url, job):
-        extra = ["--gpu", str(gpus[i % len(gpus)])] if gpus else []
-        extra += ["--delay", str(slow_workers[i])] if i in slow_workers else []
+        extra = _gpu_argv(gpus, i) + (["--delay", str(slow_workers[i])] if i in slow_workers else [])
         return "worker %d" % i, ["worker", "--redis", redis_url, "--job", job, "--id", str(i),
                                  "--threads", str(worker_threads)] + extra
     return _launch(settings, "master", settings.workers, worker, "local", worker_threads, progress, sink,
@@ -182,28 +186,29 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
                    redis_servers=redis_servers or default_redis_servers(settings.workers))
 
 
-def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, link=None):
+def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, link=None, gpus=()):
     """`train --pipeline K` on this machine: a private redis-server, the pipeline's master (pipeline_master.py;
     `settings` are its Settings, handed over as JSON on its standard input) and its K stages (pipeline.py), each a
-    process of its own (with `link`, stage i behind link i, as run_local's workers); returns the master's exit
-    code, as run_local."""
+    process of its own (with `link`, stage i behind link i, and with `gpus`, stage i on gpus[i % len(gpus)], as
+    run_local's workers); returns the master's exit code, as run_local."""
     def stage(i, redis_url, job):
         return "stage %d" % i, ["stage", "--redis", redis_url, "--job", job, "--stage", str(i),
-                                "--threads", str(threads)]
+                                "--threads", str(threads)] + _gpu_argv(gpus, i)
     return _launch(settings, "pipeline-master", settings.stages, stage, "pipeline", threads, progress, sink,
                    stop_timeout_s, link=link)
 
 
 def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, slow_workers=None,
-                          link=None):
+                          link=None, gpus=()):
     """`train --workers N --mode sandblaster` on this machine: a private redis-server, the L-BFGS coordinator
     (sandblaster_master.py; `settings` are its Settings, handed over as JSON on its standard input) and its N workers
-    (sandblaster.py), each a process of its own (with `link`, as run_local's); `slow_workers`: {worker index:
-    seconds it sleeps after every unit}. Returns the coordinator's exit code, as run_local."""
+    (sandblaster.py), each a process of its own (with `link` and `gpus`, as run_local's; the coordinator stays on
+    the CPU); `slow_workers`: {worker index: seconds it sleeps after every unit}. Returns the coordinator's exit
+    code, as run_local."""
     slow_workers = slow_workers or {}
 
     def worker(i, redis_url, job):
-        extra = ["--delay", str(slow_workers[i])] if i in slow_workers else []
+        extra = _gpu_argv(gpus, i) + (["--delay", str(slow_workers[i])] if i in slow_workers else [])
         return "worker %d" % i, ["sandblaster-worker", "--redis", redis_url, "--job", job, "--id", str(i),
                                  "--threads", str(threads)] + extra
     return _launch(settings, "sandblaster-master", settings.workers, worker, "sandblaster", threads, progress, sink,

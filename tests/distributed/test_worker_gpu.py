@@ -20,6 +20,16 @@ def _real_gpu_or_skip():
         pytest.skip("no GPU: " + NO_GPU)
 
 
+def use_device(monkeypatch, device):
+    """The processes a test starts from now on compute on `device` ("emulated", or "cuda": skipped without a
+    GPU) when given --gpu."""
+    if device == "emulated":
+        monkeypatch.setenv("PCD_DEVICE", "emulated")
+    else:
+        _real_gpu_or_skip()
+        monkeypatch.delenv("PCD_DEVICE", raising=False)
+
+
 @pytest.mark.parametrize("device", ["emulated", "cuda"])
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_with_workers_sharing_one_gpu(make_solver, tmp_path, device, mode):
