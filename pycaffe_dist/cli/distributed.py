@@ -135,9 +135,10 @@ def run_launched_job(start, children, master):
     """Run a job that launch.py starts on this machine (`start(progress, sink)` -> the master's exit code) under one
     progress line on a terminal; the master's own error line becomes this command's one error line, at the end.
     `children` and `master` name the processes in the lines that say how it stopped."""
+    from ..distributed.launch import print_line
     from ..solver import training_log
     handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
-    show = handler.write_line if handler is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    show = handler.write_line if handler is not None else print_line
     master_errors = []
 
     def sink(line):

@@ -126,6 +126,17 @@ class LocalRedis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+_STDERR_LINES = threading.Lock()
+
+
+def print_line(line):
+    """`line` and its newline to stderr in one write, one thread at a time: the children's reader threads print at
+    once, and print() writes a line's text and its newline apart, so two children's lines could run together."""
+    with _STDERR_LINES:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 class Child:
     """A master or worker process whose output lines go to `sink` under a prefix; `stdin`: text it reads first."""
 
@@ -220,7 +231,7 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
     """What the three kinds of job share: links (if any), private servers, the master (`master_verb`, its settings
     as JSON on its standard input) and `hosts` processes, `host_argv(i, redis_url, job)` -> (name, argv after
     `python -m pycaffe_dist`), supervised to the end and cleaned up whatever happens; the master's exit code."""
-    sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
+    sink = sink or print_line
     if link is not None:
         link = network.parse_link(link)
         if not private_redis:

@@ -1,6 +1,7 @@
 """`dist_caffe train --workers N` on one machine: its own redis-server, master and workers, merged logs, a clean
 end, and a clean stop on Ctrl-C; nothing left running."""
 import json
+import re
 import os
 import signal
 import subprocess
@@ -129,3 +130,26 @@ def test_an_error_of_the_master_is_the_launchers_one_line_at_once(make_solver, t
     assert len(errors) == 1 and "cannot write to snapshot prefix" in errors[0], out[-3000:]
     assert errors[0].startswith("dist_caffe: error: ") and "missing/snap" in errors[0]
     assert not _running("--job launch-err")
+
+
+LINES_FROM_THREADS = '''
+import sys, threading
+from pycaffe_dist.distributed.launch import print_line
+def child(i):
+    for j in range(2000):
+        print_line("[child %d] line %d of its output" % (i, j))
+threads = [threading.Thread(target=child, args=(i,)) for i in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+'''
+
+
+def test_the_childrens_lines_never_run_together():
+    """The launcher's reader threads print the children's lines at once to a pipe (print() writes a line and its
+    newline apart: two children's lines ran together, about 1 in 12 under 8 threads)."""
+    run = subprocess.run([sys.executable, "-c", LINES_FROM_THREADS], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stderr.split("\n")
+    assert lines.pop() == "" and len(lines) == 16000
+    bad = [line for line in lines if not re.fullmatch(r"\[child \d\] line \d+ of its output", line)]
+    assert not bad, bad[:5]
