@@ -56,6 +56,7 @@ def test_host_costs_time_the_calls_the_counts_name():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "lenet: step" in text and "Python between them" in text
+    assert "calls that wait for the GPU: not asked (the emulated device" in text
     kinds = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in text.splitlines()
              if line.startswith("| ") and line.split("|")[1].strip() in ("kernel", "BLAS", "memory")}
     sys.path.insert(0, str(TOOLS))
@@ -66,3 +67,24 @@ def test_host_costs_time_the_calls_the_counts_name():
         sys.path.remove(str(TOOLS))
     assert kinds["kernel"] == per["kernel launches"]
     assert kinds["BLAS"] == sum(per.get(kind, 0) for kind in ("GEMM", "GEMV", "axpy, scal", "dot", "asum"))
+
+
+def test_host_costs_name_the_calls_that_wait_for_the_gpu(gpu):
+    """The probe for calls that wait for the GPU: steps with a GEMM queued ahead are timed as the others (on the
+    emulated device every call runs at once, so this checks the mechanics), and a call whose time a step grew by
+    more than half the queued work is named; the first of a step that waits takes all of it."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import gpu_host_costs
+    finally:
+        sys.path.remove(str(TOOLS))
+    queue, ahead_ms = gpu_host_costs.gpu_work(gpu, n=32)
+    assert ahead_ms > 0
+    out = gpu.empty(4)
+    clock, wall, host = gpu_host_costs.timed_steps(gpu, lambda: gpu.memset(out, 0), 3, ahead=queue)
+    assert clock.calls == {("memory", "memset"): 3} and wall >= host > 0
+    grown = {("cuDNN", "cudnnConvolutionBackwardFilter"): 2.6e-3, ("cuBLAS", "cublasSgemm_v2"): 1.4e-3,
+             ("kernel", "relu_forward"): 4e-6}
+    assert gpu_host_costs.waiting_calls(2.7, grown) == [("cuDNN", "cudnnConvolutionBackwardFilter"),
+                                                        ("cuBLAS", "cublasSgemm_v2")]
+    assert gpu_host_costs.waiting_calls(2.7, {("kernel", "relu_forward"): 4e-6}) == []
