@@ -38,6 +38,7 @@ from ..errors import PycaffeDistError, StoreError
 from ..net.net import Net
 from ..proto import caffe_pb2
 from ..solver import updates
+from .blob_exchange import BlobExchange, host_arrays
 from .job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
@@ -110,8 +111,17 @@ class Stage(JobProcess):
         if self.index == 0:
             self.feed = Net(text_format.Parse(spec["feed"], caffe_pb2.NetParameter()), state=state)
             self.feed_tops = [self.feed.blob_names[i] for ids in self.feed.top_ids for i in ids]
+        # the crossing blobs, sent and received through host arrays allocated once (blob_exchange.py)
+        blob = self.net.blob_by_name
         if self.inputs is not None:
-            self.received = [[np.empty(s, f32) for s in self.inputs["shapes"]] for _ in range(self.micro)]
+            self.received = [host_arrays(self.inputs["shapes"]) for _ in range(self.micro)]
+            self.fed = BlobExchange([blob(n) for n in self.inputs["blobs"]])
+            self.diffs_out = BlobExchange([blob(n) for n, d in zip(self.inputs["blobs"], self.inputs["needs_diff"])
+                                           if d], diff=True)
+        if self.outputs is not None:
+            self.sent = BlobExchange([blob(n) for n in self.outputs["blobs"]])
+            self.diffs_in = BlobExchange([blob(n) for n, d in zip(self.outputs["blobs"], self.outputs["needs_diff"])
+                                          if d], diff=True)
         # The update divides the gradients summed over iter_size batches of M micro-batches by iter_size x M.
         self.update_param = caffe_pb2.SolverParameter()
         self.update_param.CopyFrom(self.param)
@@ -209,28 +219,23 @@ class Stage(JobProcess):
         if first_time:
             self._expect("forward", count, batch, micro)
             self._moving(self.store.get_result, activations(self.index - 1, micro), self.inputs["shapes"],
-                         out=self.received[micro])
-        for name, array in zip(self.inputs["blobs"], self.received[micro]):
-            self.net.blob_by_name(name).data[...] = array
+                         out=self.fed.incoming(self.received[micro]))
+        self.fed.land(self.received[micro])
 
     def _send_forward(self, count, batch, micro):
-        arrays = [self.net.blob_by_name(name).data for name in self.outputs["blobs"]]
-        self._moving(self.store.put_result, activations(self.index, micro), arrays, count)
+        self._moving(self.store.put_result, activations(self.index, micro), self.sent.outgoing(), count)
         self.store.reply_to(flow_queue(self.index + 1), self._notice("forward", count, batch, micro))
 
     def _receive_backward(self, count, batch, micro):
         self._expect("backward", count, batch, micro)
-        names = [n for n, d in zip(self.outputs["blobs"], self.outputs["needs_diff"]) if d]
-        if names:
-            diffs = [self.net.blob_by_name(n).diff for n in names]
-            self._moving(self.store.get_result, gradients(self.index + 1, micro), [d.shape for d in diffs],
-                         out=diffs)
+        if self.diffs_in.blobs:
+            self._moving(self.store.get_result, gradients(self.index + 1, micro),
+                         [b.shape for b in self.diffs_in.blobs], out=self.diffs_in.incoming())
+            self.diffs_in.land()
 
     def _send_backward(self, count, batch, micro):
-        names = [n for n, d in zip(self.inputs["blobs"], self.inputs["needs_diff"]) if d]
-        if names:
-            self._moving(self.store.put_result, gradients(self.index, micro),
-                         [self.net.blob_by_name(n).diff for n in names], count)
+        if self.diffs_out.blobs:
+            self._moving(self.store.put_result, gradients(self.index, micro), self.diffs_out.outgoing(), count)
         # sent with nothing to carry too: the stages stay in step, so each queue sees its notices in order
         self.store.reply_to(flow_queue(self.index - 1), self._notice("backward", count, batch, micro))
 

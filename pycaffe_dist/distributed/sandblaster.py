@@ -41,6 +41,7 @@ from .. import common
 from ..errors import StoreError
 from ..net.net import Net
 from ..proto import caffe_pb2
+from .blob_exchange import BlobExchange
 from .job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
@@ -97,6 +98,7 @@ class SandblasterWorker(JobProcess):
         if shapes != expected:
             raise StoreError("job %s: this worker's net has learnable blobs %s but the job's are %s"
                              % (self.job, shapes, expected))
+        self.point, self.sums = BlobExchange(self.params), BlobExchange(self.params, diff=True)
         self.random_layers = [layer for layer in self.net.layers if getattr(layer, "random_stream", None) is not None]
         for layer in self.random_layers:
             layer.random_stream.take(0)     # keyed now: a first draw after the seeding would put its counter at 0
@@ -136,7 +138,8 @@ class SandblasterWorker(JobProcess):
 
     def _pull(self):
         """W (the point of the newest evaluation) into the net's parameters; returns its evaluation number."""
-        _, version = self.store.get_weights([tuple(b.shape) for b in self.params], out=[b.data for b in self.params])
+        _, version = self.store.get_weights([tuple(b.shape) for b in self.params], out=self.point.incoming())
+        self.point.land()
         return version
 
     def _compute(self, unit):
@@ -155,7 +158,7 @@ class SandblasterWorker(JobProcess):
 
     def _push(self, held):
         self._wait_for_ack()
-        self.store.put_result(sums_owner(self.id), [b.diff for b in self.params], held.evaluation)
+        self.store.put_result(sums_owner(self.id), self.sums.outgoing(), held.evaluation)
         self.store.send_to_master({"type": "sums", "worker": self.id, "eval": held.evaluation, "units": held.units,
                                    "loss": held.loss, "batches": held.batches, "compute_s": held.compute_s})
         self.unacked = True
