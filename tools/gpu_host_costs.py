@@ -11,9 +11,9 @@ microseconds each, milliseconds a step.
 A step whose host time is most of its wall time is paced by the host: fewer or cheaper calls make it faster, a
 faster kernel does not. Unless a call waits for the GPU without saying so (a library that synchronizes inside, a
 free of device memory): then its host time is the GPU's. So each net is stepped again with a GEMM of a few ms
-queued ahead of every step, and a call whose time grows by about that much is named as one that waits. On the
-emulated device (PCD_DEVICE=emulated) the table is the emulation's, which runs the
-kernels on the CPU: it shows the tool works, not what a GPU costs.
+queued ahead of every step, and a call whose time grows by about that much is named as one that waits.
+On the emulated device (PCD_DEVICE=emulated) the table is the emulation's, which runs the kernels on the CPU: it
+shows the tool works, not what a GPU costs.
 """
 import argparse
 import collections
