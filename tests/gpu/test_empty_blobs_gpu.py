@@ -20,6 +20,8 @@ from pycaffe_dist.proto import caffe_pb2
 from tests.layers.golden_cases import LAYER_CASES, layer_case_names
 
 SEED = 1234
+# 0 / 0 and x / 0 in float are the values wanted here (NaN, inf), which numpy warns of
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
 
 def tolerance(dev, net=False):
