@@ -34,10 +34,12 @@ import numpy as np
 from google.protobuf import text_format
 
 from .. import common
+from ..backend import select
+from ..blob.synced_memory import SyncedMemory
 from ..errors import PycaffeDistError, StoreError
 from ..net.net import Net
 from ..proto import caffe_pb2
-from ..solver import updates
+from ..solver import updates, updates_gpu
 from .blob_exchange import BlobExchange, host_arrays
 from .job_process import POLL_S, JobProcess
 
@@ -131,12 +133,27 @@ class Stage(JobProcess):
         self.lr_mults = [self.net.params_lr[i] for i in owned]
         self.decay_mults = [self.net.params_weight_decay[i] for i in owned]
         self.history = updates.new_history(self.param, [b.shape for b in self.own])
+        # On a GPU the update runs on the device copies, as the Solver's (solver/updates_gpu.py): the history's
+        # device copies (made at the first update) and the ParameterTable of SGD's one launch.
+        self.history_memory, self.update_tables = None, {}
         self.random_layers = [layer for layer in self.net.layers[self.first:self.last + 1]
                               if getattr(layer, "random_stream", None) is not None]
         self._load_state()
 
     def _state_arrays(self):
+        """The parameters' and the solver history's host arrays, which _load_state fills (before any update)."""
         return [b.data for b in self.own] + self.history
+
+    def _current_state(self):
+        """The state as it is now, to send: on a GPU the device copies are read back (and stay current)."""
+        for memory in self.history_memory or ():
+            memory.host(write=False)
+        return [b.cpu_data for b in self.own] + self.history
+
+    def _device_history(self):
+        if self.history_memory is None:
+            self.history_memory = [SyncedMemory(h.size, h.dtype, host=h.reshape(-1)) for h in self.history]
+        return [memory.device() for memory in self.history_memory]
 
     def _load_state(self):
         arrays = self.store.get_result(state_blobs(self.index), [a.shape for a in self._state_arrays()])
@@ -268,14 +285,24 @@ class Stage(JobProcess):
         return loss / f32(self.micro)
 
     def _iteration(self, count):
+        gpu = select.active()
         for blob in self.own:
-            blob.diff[...] = 0
+            if gpu:
+                select.current().memset(blob.mutable_gpu_diff, 0)
+            else:
+                blob.diff[...] = 0
         loss = f32(0)
         for batch in range(self.param.iter_size):
             loss += self._batch(count, batch)
-        result = updates.compute_steps(self.update_param, [b.data for b in self.own], [b.diff for b in self.own],
-                                       self.lr_mults, self.decay_mults, self.history, count, self.current_step,
-                                       "solver", apply=True)
+        if gpu:
+            result = updates_gpu.compute_steps(self.update_param, self.own, self.lr_mults, self.decay_mults,
+                                               self._device_history(), count, self.current_step, "solver",
+                                               self.update_tables)
+            updates_gpu.apply_steps(self.own, self.update_tables)
+        else:
+            result = updates.compute_steps(self.update_param, [b.data for b in self.own], [b.diff for b in self.own],
+                                           self.lr_mults, self.decay_mults, self.history, count, self.current_step,
+                                           "solver", apply=True)
         self.current_step = result["current_step"]
         return float(loss / f32(self.param.iter_size)), float(result["rate"])
 
@@ -284,7 +311,7 @@ class Stage(JobProcess):
     def _put_state(self, final):
         if self.unacked:
             self._wait(control_queue(self.index), lambda m: m.get("status") == "ack")
-        self.store.put_result(state_blobs(self.index), self._state_arrays(), self.count)
+        self.store.put_result(state_blobs(self.index), self._current_state(), self.count)
         self.unacked = True
         self.store.send_to_master({"type": "state", "stage": self.index, "count": self.count, "final": final})
         self.state_at = self.count
