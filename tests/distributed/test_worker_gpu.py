@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
+from pycaffe_dist.distributed import modes
 from tests.distributed.test_launch import _running
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-MODES = ["sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only"]
+MODES = list(modes.MODES)       # every data-parallel mode, gossip and local SGD among them
 
 
 def _real_gpu_or_skip():
