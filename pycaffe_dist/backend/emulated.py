@@ -46,13 +46,21 @@ class EmulatedDevice(RowMajorBlas, Device):
         self.index = index
         self._lib = ctypes.CDLL(str(kernel_source.ensure_host_library()))
         self._functions = {}
-        self.allocator = strict.TrackedAllocator(self._device_alloc, lambda handle: None)
+        self.allocator = strict.TrackedAllocator(self._device_alloc, lambda handle: None, guards=self._guards)
         self.stream = _Stream()
 
     @staticmethod
     def _device_alloc(nbytes):
-        memory = np.empty(nbytes, np.uint8)
-        return memory.ctypes.data, memory
+        # the block between two guards of a known pattern (strict.TrackedAllocator.check_guards)
+        memory = np.empty(nbytes + 2 * strict.GUARD_BYTES, np.uint8)
+        memory[:strict.GUARD_BYTES] = memory[-strict.GUARD_BYTES:] = strict.GUARD_VALUE
+        return memory.ctypes.data + strict.GUARD_BYTES, memory
+
+    @staticmethod
+    def _guards(ptr, size):
+        """The guard bytes before and after the block at ptr of `size` bytes."""
+        return (_view(ptr - strict.GUARD_BYTES, strict.GUARD_BYTES, np.uint8),
+                _view(ptr + size, strict.GUARD_BYTES, np.uint8))
 
     # --- memory ------------------------------------------------------------------------------------------------
     def host_view(self, array):
@@ -114,6 +122,9 @@ class EmulatedDevice(RowMajorBlas, Device):
             fn.restype = None
             self._functions[kernel] = fn
         fn(*values)
+        for i, (code, value) in enumerate(zip(codes[1:], values[1:]), start=1):
+            if code == "P":
+                self.allocator.check_guards("kernel " + kernel, "argument %d" % i, value)
 
     # --- BLAS (cuBLAS's column-major calls) --------------------------------------------------------------------
     def _sgemm(self, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):

@@ -13,6 +13,11 @@ Two kinds of refusal:
   blocks, which `TrackedAllocator` records; a block back in its bin is freed for this purpose, though the driver
   still holds it, because using it is a use-after-free that the next allocation of its size will expose.
 
+A kernel's own extent is its code's, which no argument says. So every block the emulated device allocates has
+GUARD_BYTES of a known pattern on each side, and after each launch the guards of the blocks its pointers point
+into are looked at: a kernel that wrote past its array's block (into a neighbour, on a GPU) is refused by name
+instead of corrupting the host's heap for a later, unrelated crash.
+
 Each refusal is a DeviceError of one line that names the call and the argument.
 """
 import bisect
@@ -28,14 +33,19 @@ MAX_GRID_X = 2 ** 31 - 1            # cudaDeviceProp.maxGridSize[0] since comput
 MAX_THREADS_PER_BLOCK = 1024
 OPERATIONS = {0: "N", 1: "T", 2: "C"}     # cublasOperation_t
 FLOAT32 = np.dtype(np.float32)
+GUARD_BYTES = 64                    # around every emulated block: more than any kernel's stride past an end
+GUARD_VALUE = 0xA5
 
 
 # --- device memory -------------------------------------------------------------------------------------------------
 class TrackedAllocator(CachingAllocator):
     """The caching allocator that also knows, by address, which blocks are in use and which wait in a bin."""
 
-    def __init__(self, device_alloc, device_free):
+    def __init__(self, device_alloc, device_free, guards=None):
         super().__init__(device_alloc, device_free)
+        # guards(ptr, size): the bytes of the GUARD_BYTES before and after a block, as writable uint8 views (the
+        # emulated device's blocks have them); None: no guards
+        self._guards = guards
         self._starts = []           # sorted block addresses, in use or binned
         self._blocks = {}           # address -> [end, in use]
         # The prefetch thread allocates while the training thread checks. Reentrant: a block's __del__ (which only
@@ -61,6 +71,25 @@ class TrackedAllocator(CachingAllocator):
                     del self._blocks[ptr]
                     del self._starts[bisect.bisect_left(self._starts, ptr)]
             super().release_cached()
+
+    def check_guards(self, call, what, ptr):
+        """Refuse `call` (which ran) if the guards of the block that address `ptr` lies in are no longer the
+        pattern: it wrote past the block's start or end. The guards are set again, so that one overrun is reported
+        once."""
+        if self._guards is None:
+            return
+        with self._lock:
+            i = bisect.bisect_right(self._starts, ptr) - 1
+            if i < 0:
+                return
+            start = self._starts[i]
+            end = self._blocks[start][0]
+        for side, guard in zip(("before the start", "past the end"), self._guards(start, end - start)):
+            written = np.flatnonzero(guard != GUARD_VALUE)
+            if written.size:
+                guard[...] = GUARD_VALUE
+                raise DeviceError("%s wrote %s of the block of %s (0x%x, %d bytes): %d of the %d guard bytes "
+                                  "changed" % (call, side, what, start, end - start, written.size, guard.size))
 
     def check(self, call, what, array, nbytes=None):
         """Refuse `array` (a DeviceArray) as argument `what` of `call` unless the `nbytes` from its address (its own

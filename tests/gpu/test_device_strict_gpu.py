@@ -190,6 +190,16 @@ def test_a_pointer_outside_every_allocation(emulated):
             fn()
 
 
+def test_a_kernel_that_writes_past_its_block(emulated):
+    """The kernels' own extent is their code's: the guards around each block catch a write past it, once."""
+    x = emulated.empty(128)                          # 512 bytes, a whole block
+    with pytest.raises(DeviceError, match=r"^kernel gpu_set wrote past the end of the block of argument 2 "
+                                          r"\(0x[0-9a-f]+, 512 bytes\): 16 of the 64 guard bytes changed$"):
+        emulated.launch("gpu_set", 132, 1.0, x)
+    emulated.launch("gpu_set", 128, 2.0, x)          # the guards were set again: a kernel within its block passes
+    np.testing.assert_array_equal(emulated.to_host(x), 2.0)
+
+
 def test_a_misaligned_pointer(emulated):
     x = arange(emulated, 8)
     odd = DeviceArray(x.ptr + 2, 4, np.float32, x.owner)

@@ -152,13 +152,18 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "kept_label" t
 KEEP = [[1, 0, 1, 1], [0, 0, 0, 0], [0, 1, 0, 0]]     # the second batch keeps nothing
 
 
-def feed_filtered(net, run):
-    rng = np.random.default_rng(run)
-    net.blob_by_name("data").data[...] = rng.random((4, 3, 8, 8))
-    net.blob_by_name("label").data[...] = rng.integers(0, 5, 4)
-    net.blob_by_name("keep").data[...] = KEEP[run]
-    if run == 1:    # the statistics the empty batch must leave as they are
-        feed_filtered.before = [b.data.copy() for b in net.layers[net.layer_index("bn1")].blobs]
+def feed_filtered(statistics_before_the_empty_batch):
+    """feed(net, run) for outcome(): batch `run` of random images and labels, KEEP[run] as the Filter's selector;
+    the BatchNorm's statistics as the empty batch finds them are put in the list given."""
+    def feed(net, run):
+        rng = np.random.default_rng(run)
+        net.blob_by_name("data").data[...] = rng.random((4, 3, 8, 8))
+        net.blob_by_name("label").data[...] = rng.integers(0, 5, 4)
+        net.blob_by_name("keep").data[...] = KEEP[run]
+        if run == 1:
+            statistics_before_the_empty_batch[:] = [b.data.copy()
+                                                    for b in net.layers[net.layer_index("bn1")].blobs]
+    return feed
 
 
 def test_a_filter_that_keeps_nothing(gpu):
@@ -167,11 +172,13 @@ def test_a_filter_that_keeps_nothing(gpu):
     param = parse_text(FILTERED_NET, caffe_pb2.NetParameter())
     results = []
     for on_gpu in (False, True):
-        results.append(outcome(param, caffe_pb2.TRAIN, on_gpu, runs=2, feed=feed_filtered))
-        for i, before in enumerate(feed_filtered.before):
-            np.testing.assert_array_equal(results[-1]["param %d" % (2 + i)], before)    # conv1's 2, then bn1's
+        before = []
+        results.append(outcome(param, caffe_pb2.TRAIN, on_gpu, runs=2, feed=feed_filtered(before)))
+        assert len(before) == 3
+        for i, statistic in enumerate(before):
+            np.testing.assert_array_equal(results[-1]["param %d" % (2 + i)], statistic)    # conv1's 2, then bn1's
         assert results[-1]["data kept"].shape == (0, 3, 8, 8)
         assert float(results[-1]["data loss"]) == 0.0
     assert_same(*results, gpu, "two batches", net=True)
-    assert_same(outcome(param, caffe_pb2.TRAIN, False, runs=3, feed=feed_filtered),
-                outcome(param, caffe_pb2.TRAIN, True, runs=3, feed=feed_filtered), gpu, "three batches", net=True)
+    assert_same(outcome(param, caffe_pb2.TRAIN, False, runs=3, feed=feed_filtered([])),
+                outcome(param, caffe_pb2.TRAIN, True, runs=3, feed=feed_filtered([])), gpu, "three batches", net=True)
