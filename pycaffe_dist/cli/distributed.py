@@ -187,6 +187,13 @@ def cmd_master(args):
     return 0
 
 
+def choose_process_gpu(gpu_flag):
+    """A worker's or stage's device, from its --gpu (None: the CPU), said on stderr where it is a GPU: the launcher
+    shows the line under the process's name."""
+    if select.choose(gpu_flag) is not None:
+        print("computing on GPU %s: %s" % (gpu_flag, select.current().name), file=sys.stderr, flush=True)
+
+
 def cmd_worker(args):
     """A worker of a distributed job: everything it needs comes from Redis, but the data paths."""
     from ..distributed.worker import Worker
@@ -194,8 +201,7 @@ def cmd_worker(args):
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     # The master reports the job's training (and a divergence, once): the workers' own solvers stay quiet.
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
-    if select.choose(args.gpu) is not None:
-        print("computing on GPU %s: %s" % (args.gpu, select.current().name), file=sys.stderr, flush=True)
+    choose_process_gpu(args.gpu)
     worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
                     wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry, delay_s=args.delay)
     stats = worker.run()

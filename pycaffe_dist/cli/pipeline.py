@@ -6,7 +6,7 @@ import sys
 
 from ..backend import select
 from ..errors import PycaffeDistError
-from .distributed import checked_link, mode_options_given, run_launched_job
+from .distributed import checked_link, choose_process_gpu, mode_options_given, run_launched_job
 
 
 def cmd_train_pipeline(args):
@@ -55,8 +55,7 @@ def cmd_stage(args):
     from ..solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
-    if select.choose(args.gpu) is not None:
-        print("computing on GPU %s: %s" % (args.gpu, select.current().name), file=sys.stderr, flush=True)
+    choose_process_gpu(args.gpu)
     stage = Stage(args.redis, args.job, args.stage, threads=args.threads or 1, wait_for_job_s=args.wait)
     stats = stage.run()
     print("stage %d: %d iterations, %.1f s computing, %.1f s waiting" % (
