@@ -1,7 +1,8 @@
 """Does distributed training scale? LeNet on Fashion-MNIST: 1..N workers in every mode against 1 process and DDP.
 
     python bench/scaling.py [--batches 2000] [--every 80] [--workers 1,2,4,8,16] [--modes sync,async,...]
-                            [--compress 1bit,topk:0.01,...] [--threads 1] [--link RATE:DELAY] [--target 0.85]
+                            [--compress 1bit,topk:0.01,...] [--lr-scaling linear,sqrt,none] [--images]
+                            [--threads 1] [--link RATE:DELAY] [--target 0.85]
                             [--timeout 1800]
                             [--out out/bench_scaling] [--plot <out>.png]
 
@@ -59,6 +60,11 @@ process and in <= 0.8 x the time of DDP with 8 processes; each mode spends <= 10
 printed as met, NOT MET, or not measured here (e.g. no N = 8 on a 2-core machine).
 Writes --plot (default --out + .png, out/bench_scaling.png: test accuracy against wall seconds, every run; images/s
 over the 1-thread process against N, per mode, with the linear N x T line) and its .json (the raw results) beside it.
+Images to accuracy (the time-to-accuracy issue): `--images --workers 1,2,4,8,16,32 --lr-scaling linear,none
+--every 64` runs every N whatever the cores (images to accuracy do not depend on them; its times and speed-ups then
+say nothing) and adds, per mode and --lr-scaling policy, the images trained to --target and their ratio to one
+process's ("x 1-process images") to the table, and a third plot: images to --target against N, where one process's
+is the flat line to hold.
 A smoke run (a minute or two): --batches 200 --every 20 --workers 1,2 --modes async,sync [--target 0.75].
 """
 import argparse
@@ -120,11 +126,13 @@ def worker_counts(args, cores):
     return kept
 
 
-def new_run(args, kind, n, threads, mode=None, compress=None):
+def new_run(args, kind, n, threads, mode=None, compress=None, scaling=None):
     """A run: kind 'single' (one process), 'ddp' or 'ours' (a distributed mode, its results sent as --compress
-    says when given), on n processes or workers."""
+    says when given, its rate scaled by --lr-scaling `scaling` where the mode takes it), on n processes or
+    workers."""
     name = {"single": "1 process, %d thread%s" % (threads, "" if threads == 1 else "s"),
-            "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind] + (" %s" % compress if compress else "")
+            "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind] + (" %s" % compress if compress else "") \
+        + (" lr-scaling %s" % scaling if scaling else "")
     # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together, tau each.
     if kind != "ours":
         per_iter = n if kind == "ddp" else 1
@@ -134,7 +142,8 @@ def new_run(args, kind, n, threads, mode=None, compress=None):
     if args.batches % per_iter or args.every % per_iter:
         print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
               % (name, args.batches, args.every, per_iter), flush=True)
-    return {"name": name, "kind": kind, "n": n, "mode": mode, "compress": compress, "threads": threads,
+    return {"name": name, "kind": kind, "n": n, "mode": mode, "compress": compress, "scaling": scaling,
+            "threads": threads,
             "images_per_iter": BATCH * per_iter,
             "max_iter": max(1, round(args.batches / per_iter)), "every": max(1, round(args.every / per_iter)),
             "dir": args.out / re.sub(r"[^\w.=-]+", "_", name)}
@@ -151,9 +160,17 @@ def takes_compress(mode):
     return mode in DECLARED and any(option.name == "compress" for option in DECLARED[mode].OPTIONS)
 
 
+def takes_scaling(mode):
+    from pycaffe_dist.distributed.modes import MODES as DECLARED
+    return mode in DECLARED        # the data-parallel modes; not sandblaster or the pipeline
+
+
 def series(run):
-    """What a run is a point of in the plots: its mode (and codec), or its kind."""
-    return run["mode"] + (" " + run["compress"] if run["compress"] else "") if run["mode"] else run["kind"]
+    """What a run is a point of in the plots: its mode (codec, lr scaling), or its kind."""
+    if not run["mode"]:
+        return run["kind"]
+    return run["mode"] + (" " + run["compress"] if run["compress"] else "") + \
+        (" lr-scaling " + run["scaling"] if run.get("scaling") else "")
 
 
 def plan(args, counts):
@@ -162,12 +179,14 @@ def plan(args, counts):
     runs = [new_run(args, "single", 1, 1)]
     thread_counts = {1}
     for n in counts:
-        if n * args.threads not in thread_counts:
+        if n * args.threads not in thread_counts and n * args.threads <= args.cores:
             thread_counts.add(n * args.threads)
             runs.append(new_run(args, "single", 1, n * args.threads))
         runs.append(new_run(args, "ddp", n, args.threads))
-        runs += [new_run(args, "ours", n, args.threads, mode, compress) for mode in args.modes
-                 for compress in (args.compress if takes_compress(mode) else [None])]
+        runs += [new_run(args, "ours", n, args.threads, mode, compress, scaling) for mode in args.modes
+                 for compress in (args.compress if takes_compress(mode) else [None])
+                 for scaling in (args.lr_scaling if takes_scaling(mode) and args.lr_scaling != ["linear"]
+                                 else [None])]
     if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
         runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
     return runs
@@ -242,6 +261,8 @@ def start(run, solver_path, args):
             cmd += ["--link", args.link]
         if run["compress"]:
             cmd += ["--compress", run["compress"]]
+        if run.get("scaling"):
+            cmd += ["--lr-scaling", run["scaling"]]
     return [popen(cmd, child_env(run["threads"]), "output.log")]
 
 
@@ -429,6 +450,7 @@ def evaluate(runs, threads):
 def summarize(run, target):
     points = run["points"]
     run["time_to_target_s"] = next((p["time_s"] for p in points if (p["accuracy"] or 0) >= target), None)
+    run["images_to_target"] = next((p["images"] for p in points if (p["accuracy"] or 0) >= target), None)
     run["final_accuracy"] = points[-1]["accuracy"] if points else None
     run["diverged"] = any(p["accuracy"] is None for p in points)
     if len(points) >= 2 and points[-1]["time_s"] > points[0]["time_s"]:
@@ -478,7 +500,8 @@ def percent(share):
 def table(runs, args):
     single, ddp = references(runs)
     base = single[1]
-    header = ["run", "N", "mode", "time to %.2f (s)" % args.target, "x 1-process (1 thread)",
+    header = ["run", "N", "mode", "images to %.2f" % args.target, "x 1-process images",
+              "time to %.2f (s)" % args.target, "x 1-process (1 thread)",
               "x 1-process (N*T threads)", "x DDP (same N)", "final accuracy", "images/s", "speed-up vs 1 thread",
               "exchange %", "bytes/round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -490,7 +513,10 @@ def table(runs, args):
         else:
             final = "diverged (NaN loss)" if run["diverged"] else fmt(run["final_accuracy"], "%.4f")
         speed = run["images_per_s"] / base["images_per_s"] if run["images_per_s"] and base["images_per_s"] else None
+        images = run["images_to_target"]
+        images_ratio = images / base["images_to_target"] if images and base["images_to_target"] else None
         cells = [run["name"], str(run["n"]), run["mode"] or ("DDP, gloo" if run["kind"] == "ddp" else "-"),
+                 "not reached" if images is None else "%d" % images, fmt(images_ratio, "%.2f"),
                  "not reached" if t is None else "%.1f" % t,
                  fmt(ratio(run, base), "%.2f"), fmt(ratio(run, own) if own else None, "%.2f"),
                  fmt(ratio(run, ddp.get(run["n"])) if run["kind"] == "ours" else None, "%.2f"), final,
@@ -554,7 +580,7 @@ def plot(runs, args, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
-    fig, (ax_acc, ax_speed) = plt.subplots(1, 2, figsize=(15, 6))
+    fig, (ax_acc, ax_speed, ax_images) = plt.subplots(1, 3, figsize=(21, 6))
     kinds = list(dict.fromkeys(["single", "ddp"] + [series(r) for r in runs]))
     colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
     counts = sorted({r["n"] for r in runs})
@@ -591,6 +617,19 @@ def plot(runs, args, path):
     ax_speed.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     ax_speed.grid(alpha=0.3, which="both")
     ax_speed.legend(fontsize=8)
+    # Images to the target against N: independent of the cores; the flat line at one process's is the goal.
+    for key in kinds:
+        pts = sorted((r["n"], r["images_to_target"]) for r in runs
+                     if series(r) == key and r["kind"] != "single" and r["rc"] == 0 and r["images_to_target"])
+        if pts:
+            ax_images.plot([n for n, _ in pts], [i for _, i in pts], "o-", color=colours[key], label=key)
+    if single[1].get("images_to_target"):
+        ax_images.axhline(single[1]["images_to_target"], color="black", ls="--", lw=0.8, label="1 process")
+    ax_images.set(xlabel="N (workers, ranks)", ylabel="images trained to %.2f test accuracy" % args.target,
+                  xscale="log", title="images to %.2f (missing: not reached)" % args.target)
+    ax_images.set_xticks(counts, [str(n) for n in counts])
+    ax_images.grid(alpha=0.3, which="both")
+    ax_images.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     print("bench: wrote", path)
@@ -605,6 +644,10 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes (default: all of them)")
     ap.add_argument("--compress", help="comma list of --compress codecs (none, 1bit, topk:FRACTION): a run of "
                     "each mode that takes --compress per codec")
+    ap.add_argument("--lr-scaling", default="linear", help="comma list of --lr-scaling policies (linear, sqrt, none): "
+                    "each data-parallel mode runs once per policy, a row each (default: linear, the default)")
+    ap.add_argument("--images", action="store_true", help="measure images to --target only: every N of --workers "
+                    "runs, beyond the cores too (images to accuracy do not depend on them; times then do not scale)")
     ap.add_argument("--threads", type=int, default=1, help="threads of each worker and DDP rank (default 1)")
     ap.add_argument("--link", metavar="RATE:DELAY", help="passed to our distributed runs as `train --link`")
     ap.add_argument("--target", type=float, default=0.85, help="the test accuracy to time (default 0.85)")
@@ -627,13 +670,18 @@ def main():
     if bad:
         raise SystemExit("bench: --compress %s" % bad[0])
     args.compress = [None if c == "none" else c for c in args.compress]
+    args.lr_scaling = [p.strip() for p in args.lr_scaling.split(",") if p.strip()]
+    from pycaffe_dist.distributed.lr_scaling import check_policy
+    bad = [problem for problem in map(check_policy, args.lr_scaling) if problem]
+    if bad:
+        raise SystemExit("bench: --lr-scaling %s" % bad[0])
     args.out = pathlib.Path(args.out) if os.path.isabs(args.out) else REPO / args.out
     plot_path = pathlib.Path(args.plot) if args.plot else args.out.with_suffix(".png")
     plot_path = plot_path if plot_path.is_absolute() else REPO / plot_path
     args.cores = len(os.sched_getaffinity(0))
     check_data()
     os.chdir(REPO)                        # the TEST net's data source is relative to the repo root
-    counts = worker_counts(args, args.cores)
+    counts = worker_counts(args, 10 ** 6 if args.images else args.cores)
     runs = plan(args, counts)
     print("bench: %d runs of %d images each on %d cores: %s" % (len(runs), args.batches * BATCH, args.cores,
           ", ".join(r["name"] for r in runs)), flush=True)
@@ -657,7 +705,7 @@ def main():
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, args, plot_path)
     keep = ("name", "kind", "n", "mode", "compress", "threads", "images_per_iter", "max_iter", "every", "rc", "error",
-            "wall_s", "points", "time_to_target_s", "final_accuracy", "diverged", "images_per_s", "master_images_per_s",
+            "wall_s", "points", "time_to_target_s", "images_to_target", "scaling", "final_accuracy", "diverged", "images_per_s", "master_images_per_s",
             "exchange_share", "stats")
     raw = {"batches": args.batches, "every": args.every, "threads": args.threads, "link": args.link,
            "cores": args.cores, "target_accuracy": args.target, "training_s": training_s,

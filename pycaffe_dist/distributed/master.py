@@ -33,7 +33,7 @@ from ..io.load import read_solver
 from ..proto import caffe_pb2
 from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
-from . import compression, stop_signals
+from . import compression, lr_scaling, stop_signals
 from .broadcast import MasterUpdates
 from . import job as jobs
 from .modes import MODES, resolve_options
@@ -45,6 +45,7 @@ from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
+STALENESS_WEIGHT = 0.02     # of each result in the running average of the staleness
 HISTORY_EVERY = 50          # gradient-only: merges between saves of the master's history to Redis
 
 
@@ -117,6 +118,10 @@ class Master(stop_signals.StopRequests):
         self.publishing = None                  # the publish of W and replies in flight
         self.in_use = []                        # the reader's arrays a merge has taken
         self.rule = MODES[mode].Master(self, options)
+        self.warmup_step = lr_scaling.warmup_step(options, param.max_iter)
+        self.scaling_said = None                # the (policy, work per merge) the log last described
+        self.critical_said = False              # whether it said that the scaled batch is past the critical one
+        self.backoff = lr_scaling.Backoff(param.max_iter)
         # the round modes send W's change compressed too (broadcast.py); the others, whose workers pull W at
         # different merges, pull it whole
         self.updates = MasterUpdates(payloads, self.shapes) if payloads and self.rule.broadcasts_updates else None
@@ -125,6 +130,7 @@ class Master(stop_signals.StopRequests):
         self.dirty, self.started, self.stop_requested = True, False, False
         self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
         self.staleness_sum = self.staleness_count = 0
+        self.recent_staleness = None            # the staleness of recent results, averaged (typical_staleness)
         self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
         self.slots = {}                         # worker -> the data slot it was last given
@@ -196,9 +202,42 @@ class Master(stop_signals.StopRequests):
 
     # --- what the modes call -----------------------------------------------------------------------------------
 
+    def rate_scale(self):
+        """What the solver's rate is multiplied by now (lr_scaling.py): the mode's work per merge with the live
+        workers, by the job's policy, ramped up over the warmup."""
+        work = self.rule.merged_work(max(1, len(self.members)))
+        policy = self.options.get("lr_scaling", "none")
+        said = self.scaling_said
+        if self.started and (said is None or said[0] != policy or abs(work - said[1]) > 0.25 * said[1]):
+            self._say_scaling(policy, work)         # set, or changed by a quarter (workers joined or left)
+        return min(self.backoff.ceiling, lr_scaling.scale(policy, work, self.count, self.warmup_step))
+
+    def _say_scaling(self, policy, work):
+        """One line when the rate's target is set or changes (workers joined or left)."""
+        full = lr_scaling.target(policy, work)
+        batch = full * self.solver.images_per_iteration
+        first = self.scaling_said is None
+        self.scaling_said = (policy, work)
+        if policy == "none":
+            if first:
+                log.info("Learning rate: the solver's (--lr-scaling none): %d workers' merges add up to one "
+                         "process's step", len(self.members))
+            return
+        log.info("Learning rate: the solver's x %.3g (%s scaling: a merge is worth %.3g of one process's steps "
+                 "with %d live worker(s))%s", full, policy, work, len(self.members),
+                 ", reached by one more solver's rate every %.3g merges" % self.warmup_step
+                 if first and self.warmup_step > 0 and full > 1 else "")
+        if batch > lr_scaling.CRITICAL_IMAGES and not self.critical_said:
+            self.critical_said = True
+            log.warning("Learning rate: a step at this rate stands for a batch of %d images, past the %d at which "
+                        "more workers stopped buying fewer images to accuracy for LeNet on Fashion-MNIST "
+                        "(bench/scaling.py --images): expect more images to accuracy than one process takes, or "
+                        "use fewer workers (or --lr-scaling sqrt)", batch, lr_scaling.CRITICAL_IMAGES)
+
     def reply(self, worker, status, **fields):
         member = self.members.get(worker)
-        message = dict(fields, status=status, iter=self.count, epoch=self.epoch, workers=len(self.members))
+        message = dict(fields, status=status, iter=self.count, epoch=self.epoch, workers=len(self.members),
+                       lr_scale=self.rate_scale())
         if member is not None and member.last_round is not None:
             message["round"] = member.last_round
         self.replies.append((worker, message))
@@ -253,7 +292,13 @@ class Master(stop_signals.StopRequests):
         stale = max(1, self.count - int(message.get("base", self.count)) + 1)
         self.staleness_sum += stale
         self.staleness_count += 1
+        # An average of the last ~50 results: it follows the workers as they join, leave or change speed.
+        self.recent_staleness = stale if self.recent_staleness is None else \
+            self.recent_staleness + STALENESS_WEIGHT * (stale - self.recent_staleness)
         return stale
+
+    def typical_staleness(self):
+        return self.recent_staleness
 
     def add_to_weights(self, arrays, scale):
         """W += scale * arrays (BLAS's saxpy: one pass, without the GIL)."""
@@ -297,9 +342,12 @@ class Master(stop_signals.StopRequests):
         return "layer %s's blob %s" % (layer, number)
 
     def merged(self, messages):
+        loss = float(np.mean([m.get("loss", 0.0) for m in messages]))
+        self.backoff.check_loss(loss, self.rate_scale())
         self.count += 1
+        self.backoff.keep(self.weights, self.count)
         self.merged_since_display += 1
-        self.losses.append(float(np.mean([m.get("loss", 0.0) for m in messages])))
+        self.losses.append(loss)
         self.losses = self.losses[-max(1, self.param.average_loss):]
         self._after_merge()
 
@@ -336,10 +384,12 @@ class Master(stop_signals.StopRequests):
             self._reset_members()
             self._flush()
 
-    def _reset_members(self):
-        """Every member starts again from W (a reset: it pulls W and goes on; its result in flight is void)."""
-        self.rule.start(sorted(self.members, key=int))
-        self.replies = [(w, dict(m, status="reset")) for w, m in self.replies]
+    def _reset_members(self, clear_history=False):
+        """Every member starts again from W (a reset: it pulls W and goes on; its result in flight is void), with
+        its solver's history cleared where `clear_history` (after a backoff: lr_scaling.Backoff)."""
+        self.rule.restart(sorted(self.members, key=int), from_weights=clear_history)
+        fields = {"status": "reset", "clear_history": True} if clear_history else {"status": "reset"}
+        self.replies = [(w, dict(m, **fields)) for w, m in self.replies]
 
     def _publish_again(self):
         """The job is gone from Redis while it runs (a server restarted empty, or its keys were removed): publish it
@@ -385,14 +435,41 @@ class Master(stop_signals.StopRequests):
                         int(message.get("epoch", -1)) == self.epoch:
                     self.reader.start(worker)
             for message in batch:
-                self._handle(message)
+                self._guarded(self._handle, message)
                 if self.count >= self.param.max_iter:
                     break
-            self._flush()
+            self._guarded(self._flush)
             if time.monotonic() - last_housekeeping > 0.25:
                 self._housekeeping()
                 last_housekeeping = time.monotonic()
         self._finish()
+
+    def _guarded(self, action, *args):
+        """Run action(*args); a NaN or Inf it meets while the rate is scaled backs the rate off instead of ending
+        the job (lr_scaling.Backoff)."""
+        try:
+            action(*args)
+        except DivergedError as exc:
+            if not self._back_off(exc):
+                raise
+
+    def _back_off(self, exc):
+        scale = self.rate_scale()
+        good = self.backoff.back_off(scale)
+        if good is None:
+            return False
+        merges, arrays = good
+        self._published()
+        for w, a in zip(self.weights, arrays):
+            np.copyto(w, a)
+        self.solver.clear_history()             # the master's momentum (gradient-only) or outer momentum (local-sgd)
+        self.losses, self.dirty = [], True
+        log.warning("Learning rate: training diverged at %.3g x the solver's rate (merge %d: %s); going on at %.3g x "
+                    "from the weights of merge %d, every worker starting again from them", scale, self.count, exc,
+                    self.backoff.ceiling, merges)
+        self.epoch = self.store.new_epoch()     # the results in flight were computed at the rate that diverged
+        self._reset_members(clear_history=True)
+        return True
 
     def _diverged(self, exc):
         """Refuse the merge, keep the last finite W on disk, stop the workers, leave no key; then say it in one
@@ -462,6 +539,7 @@ class Master(stop_signals.StopRequests):
                  ", ".join("%s=%s" % kv for kv in sorted(self.options.items())))
         if self.param.test_interval and self.param.test_initialization and self.count == 0:
             self._test()
+        self.backoff.keep(self.weights, self.count, force=True)
         self.rule.start(sorted(self.members, key=int))
 
     def _result(self, worker, message):
@@ -637,6 +715,8 @@ class Master(stop_signals.StopRequests):
                     # what a worker pulls per round: W's compressed change (broadcast.py), or W as float32
                     bytes_per_pull=(self.updates.format.nbytes if self.updates is not None
                                     else self.reader.sizes()["float32_bytes_per_result"]),
+                    lr_scaling=self.options.get("lr_scaling", "none"), lr_scale=self.rate_scale(),
+                    lr_backoffs=self.backoff.count,
                     **self.cpu_per_merge(), **self.rule.summary())
 
     def cpu_per_merge(self):

@@ -363,6 +363,11 @@ class Store:
             pipe.hset(self.key("job"), mapping={"spec": json.dumps(spec), "state": "running"})
         return int(self._pipeline(build)[1])
 
+    def new_epoch(self):
+        """A new epoch for the running job, which is returned: results sent before it are told apart (a master
+        that restarts its workers from W, lr_scaling.Backoff)."""
+        return int(self._pipeline(lambda pipe: pipe.hincrby(self.key("job"), "epoch", 1))[0])
+
     def job_spec(self):
         raw = self._field(self.key("job"), "spec", MAX_SPEC)
         return None if raw is None else self._parse(raw, self.key("job"), MAX_SPEC)

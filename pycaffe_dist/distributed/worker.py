@@ -45,15 +45,19 @@ class Rejoin(Exception):
 
 class Outcome:
     """A reply and what was pulled after it: status, W, the merge count W was written at (`version`), the merge
-    count the reply was sent at (`iteration`), and the live workers the master counted."""
+    count the reply was sent at (`iteration`), the live workers the master counted, and the scale of the solver's
+    rate the master asks for (lr_scaling.py)."""
 
-    def __init__(self, status, pulled=None, version=0, iteration=None, workers=1):
+    def __init__(self, status, pulled=None, version=0, iteration=None, workers=1, rate_scale=1.0,
+                 clear_history=False):
         self.status, self.pulled, self.version = status, pulled, version
-        self.iteration, self.workers = iteration, workers
+        self.iteration, self.workers, self.rate_scale = iteration, workers, rate_scale
+        self.clear_history = clear_history      # a reset after the rate diverged: momentum starts again at 0
 
     @classmethod
     def of(cls, reply, pulled):
-        return cls(reply["status"], pulled[0], pulled[1], int(reply.get("iter", 0)), int(reply.get("workers", 1)))
+        return cls(reply["status"], pulled[0], pulled[1], int(reply.get("iter", 0)), int(reply.get("workers", 1)),
+                   float(reply.get("lr_scale", 1.0)), bool(reply.get("clear_history")))
 
 
 class ExchangeBuffers:
@@ -250,16 +254,17 @@ class Worker:
             if self.stopping.wait(0.1):
                 raise Stopped()
 
-    def _compute(self, solver, start, iteration):
-        """One round's work from the weights `start`: (the weights at its end, the gradients or None, the loss).
-        On a GPU, start goes up and the result comes down once each, between the device and pinned buffers."""
+    def _compute(self, solver, start, iteration, rate_scale):
+        """One round's work from the weights `start`, its steps at the solver's rate times `rate_scale`: (the
+        weights at its end, the gradients or None, the loss). On a GPU, start goes up and the result comes down
+        once each, between the device and pinned buffers."""
         solver.set_weights(start)
         if self.mode.gradients:
             gradients, loss = solver.compute_gradients(out=self.buffers.next_gradients())
             if self.delay_s:
                 time.sleep(self.delay_s)
             return start, gradients, loss
-        loss = solver.step_from(iteration, self.tau)
+        loss = solver.step_from(iteration, self.tau, rate_scale)
         if self.delay_s:
             time.sleep(self.delay_s)
         return solver.read_weights(self.buffers.x_end), None, loss
@@ -317,11 +322,17 @@ class Worker:
         # A round runs from one submit to the next; `blocked` is the part of it spent waiting on the exchange.
         last_submit, blocked = time.perf_counter(), 0.0
         while True:
-            x_end, gradients, loss = self._compute(solver, start, iteration)
+            x_end, gradients, loss = self._compute(solver, start, iteration, outcome.rate_scale)
             if in_flight is not None:
                 waited = time.perf_counter()
                 outcome = in_flight.result()
                 blocked += time.perf_counter() - waited
+                if outcome.clear_history:
+                    # The rate diverged (lr_scaling.Backoff): this round started from weights and momentum that
+                    # took part; it is not sent, and the next starts from W with the momentum cleared.
+                    start, in_flight = self._fresh_start(solver, outcome)
+                    base, iteration = outcome.version, outcome.iteration
+                    continue
             result = self.mode.result(start, x_end, gradients, outcome.pulled, options, outcome.workers)
             sent = result if self.feedback is None else self._compressed(result, outcome.status)
             now = time.perf_counter()
@@ -333,6 +344,13 @@ class Worker:
             if not depth:
                 outcome = future.result()
                 blocked = time.perf_counter() - now
+            if outcome.clear_history:         # (without overlap: the result just sent was merged or refused)
+                start, _ = self._fresh_start(solver, outcome)
+                base, iteration = outcome.version, outcome.iteration
+                self.stats["rounds"] += 1
+                self.stats["images"] += images
+                round_id += 1
+                continue
             start = self.mode.next_start(outcome.status, outcome.pulled, x_end, result, in_flight is not None)
             base = self.mode.base(outcome.version, outcome.status, in_flight is not None)
             # With this round's result in flight, the reply's merge count is one round short.
@@ -340,6 +358,14 @@ class Worker:
             self.stats["rounds"] += 1
             self.stats["images"] += images
             round_id += 1
+
+    def _fresh_start(self, solver, outcome):
+        """After a reset that clears the history: (W to start from, no exchange in flight)."""
+        solver.clear_history()
+        outcome.clear_history = False
+        if self.feedback is not None:
+            self.feedback.forget()
+        return outcome.pulled, None
 
     def _compressed(self, result, status):
         """The payload of `result` plus what earlier payloads left out (compression.py). `status`: the last reply's;

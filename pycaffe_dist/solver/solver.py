@@ -85,6 +85,7 @@ class Solver:
         self.test_scores = [[] for _ in self.test_nets]   # last test of each net: [(output name, mean)]
         self._losses = []
         self.warned_diverged = False
+        self.rate_scale = 1.0              # times every update's rate in step() (step_from sets it)
         self._forwards = {"train": 0, "test": [0] * len(self.test_nets)}
 
     # --- nets ---------------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ class Solver:
                              loss_note(weight, value))
             for _, on_gradients in self.callbacks:
                 on_gradients()
-            self.apply_update()
+            self.apply_update(self.rate_scale)
             for hook in self.iteration_hooks:
                 hook(self)
             request = self._requested_action()
@@ -477,12 +478,17 @@ class Solver:
         shape = net.blob_list[first].shape if first is not None else ()
         return (shape[0] if shape else 1) * self.param.iter_size
 
-    def step_from(self, iteration, iters):
-        """Run `iters` iterations from the weights as they are, as the iterations that follow `iteration` updates;
+    def step_from(self, iteration, iters, rate_scale=1.0):
+        """Run `iters` iterations from the weights as they are, as the iterations that follow `iteration` updates,
+        at the lr policy's rate times `rate_scale` (a distributed worker's scaled rate: distributed/lr_scaling.py);
         returns the smoothed loss."""
         self.iter = iteration
         self.current_step = lr_policy.steps_taken(self.param, iteration)
-        self.step(iters)
+        self.rate_scale = rate_scale
+        try:
+            self.step(iters)
+        finally:
+            self.rate_scale = 1.0
         return float(self.smoothed_loss)
 
     @property
@@ -543,6 +549,14 @@ class Solver:
         """Snapshot as after `iteration` updates; returns the model's and the state's paths."""
         self.iter = iteration
         return self.snapshot()
+
+    def clear_history(self):
+        """Zero the rule's history (momentum, Adam's moments), on the device too: a fresh start from the weights."""
+        if self._history_memory is not None:
+            for mem in self._history_memory:
+                mem.host(write=True)
+        for h in self._history:
+            h[...] = 0
 
     def history_sets(self):
         """The rule's history as one list of arrays per history set (momentum; Adam's two), each in the order of

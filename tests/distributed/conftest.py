@@ -208,18 +208,18 @@ def fashion_mnist(tmp_path_factory):
 
 @pytest.fixture
 def lenet_solver(fashion_mnist, tmp_path):
-    """Caffe's lenet_solver reading `fashion_mnist`, snapshotting into tmp_path, tested on the whole test set at
-    the end only; fields override."""
+    """Caffe's lenet_solver reading `fashion_mnist`, snapshotting into tmp_path, tested on the whole test set
+    `tests` times, the last at the end (the default: at the end only); fields override."""
     from pycaffe_dist.io.load import read_solver
 
-    def make(**fields):
+    def make(tests=1, **fields):
         param = read_solver(str(REPO / "prototxt" / "lenet_solver.prototxt"))
         param.net = str(fashion_mnist / "lenet.prototxt")
         param.snapshot_prefix = str(tmp_path / "lenet")
         param.test_initialization, param.snapshot, param.random_seed = False, 0, 1
         for k, v in fields.items():
             setattr(param, k, v)
-        param.test_interval = param.max_iter          # a test at the end only
+        param.test_interval = max(1, param.max_iter // tests)     # `tests` tests, the last at the end
         path = tmp_path / "lenet_solver.prototxt"
         path.write_text(text_format.MessageToString(param))
         return path

@@ -1,12 +1,13 @@
 """Asynchronous SGD (SpeeDO's default): every worker result is merged as it arrives, W += delta / staleness (or
 / --factor), and the worker goes on at once. Workers overlap their exchange with their next round (depth 1)."""
-from .base import COMPRESS, FACTOR, OVERLAP, TAU, DeltaWorker, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaWorker, Rule
 
-OPTIONS = (TAU, FACTOR, OVERLAP, COMPRESS)
+OPTIONS = (TAU, FACTOR, OVERLAP, COMPRESS) + SCALING
 Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):
+    staleness_aware = True
     advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
 
     def on_result(self, worker, message):

@@ -23,7 +23,7 @@ Each mode module says:
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from .. import compression
+from .. import compression, lr_scaling
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,15 @@ FACTOR = Option("factor", float, None, "merge each result scaled by 1/FACTOR (de
 COMPRESS = Option("compress", str, "none", "send each result compressed, the rest kept for the next one (error "
                   "feedback): 1bit (sign bits and two means per block of 512 values: 1/28 of the bytes) or "
                   "topk:FRACTION (the largest |values| of each blob: 2 x FRACTION of the bytes)", compression.check)
+# The learning rate of N workers (lr_scaling.py): every data-parallel mode takes these two.
+LR_SCALING = Option("lr_scaling", str, "linear", "the learning rate of N workers: linear (the solver's rate times the "
+                    "work a merge takes, N batches in sync: the linear scaling rule of Goyal et al. 2017), sqrt (times "
+                    "its square root) or none (the solver's rate: N workers' merges add up to one process's step, as "
+                    "in Caffe's multi-GPU training and SpeeDO)", lr_scaling.check_policy)
+LR_WARMUP = Option("lr_warmup", float, lr_scaling.WARMUP_SHARE, "gradual warmup: the scaled rate starts at the "
+                   "solver's own and climbs by one solver's rate every LR_WARMUP x max_iter merges (0: no warmup)",
+                   lr_scaling.check_warmup)
+SCALING = (LR_SCALING, LR_WARMUP)
 OVERLAP = Option("overlap", bool, None, "workers compute their next round while the last result travels (--overlap, "
                  "the default but in gradient-only) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
 
@@ -65,10 +74,15 @@ class MasterView(Protocol):
 
     def add_to_weights(self, arrays, scale): ...         # W += scale * arrays
 
-    def apply_gradients(self, gradients): ...            # the solver's update rule on W, at the merge count
+    def apply_gradients(self, gradients, scale): ...     # the solver's update rule on W, at the merge count, its
+    #                                                      rate times scale
+
+    def rate_scale(self): ...                            # the solver's rate times this for N workers (lr_scaling)
 
     def staleness(self, message): ...                    # merges since the W the message's result started from,
     #                                                      its own included (1: computed on the latest W)
+
+    def typical_staleness(self): ...                     # the recent results' staleness, averaged (None: none yet)
 
     def merged(self, messages): ...                      # one merge done (messages: the results it merged)
 
@@ -120,6 +134,7 @@ class Rule:
     depth = 1
     reads_results = True        # whether the master reads each result as it comes (ahead of on_result)
     keeps_history = False
+    staleness_aware = False     # results are merged at 1/their staleness (or 1/--factor): Rule.scale
     broadcasts_updates = False  # every worker starts a round from the same W: with --compress, its change is sent
     #                             compressed (broadcast.py), its step between MasterView.begin_update/end_update
 
@@ -135,6 +150,11 @@ class Rule:
     def on_join(self, worker):
         self.master.reply(worker, "welcome")
 
+    def restart(self, workers, from_weights=False):
+        """Every worker starts again from W (a restarted master or Redis; `from_weights`: W as the master holds
+        it is the one to start from, after a backoff of the rate): as start()."""
+        self.start(workers)
+
     def on_lost(self, worker):
         pass
 
@@ -147,6 +167,18 @@ class Rule:
     def summary(self):
         """The mode's own figures for the master's --stats summary."""
         return {}
+
+    def merged_work(self, workers):
+        """How many of one process's steps a merge is worth with `workers` live workers, for the linear scaling
+        rule (lr_scaling.py): N, in every mode whose merges of a round of N workers add up to one step at the
+        solver's rate (sync's mean, gossip's and EASGD's averages). A staleness-aware mode merges each result at
+        1/its staleness (or 1/--factor): there the work is the typical staleness (the factor), so that a result
+        of typical staleness counts as one step of the solver's, and a staler one as less. The staleness is
+        about N with N workers, more where they share cores or overlap their exchange (13.5 at 8 workers on 2
+        cores): N alone left each result worth 0.6 of a step there."""
+        if not self.staleness_aware:
+            return workers
+        return self.options.get("factor") or self.master.typical_staleness() or workers
 
     def scale(self, message):
         """What a result is merged with: 1/--factor where one is given, else 1/its staleness (Zhang, Gupta, Lian

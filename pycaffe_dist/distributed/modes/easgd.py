@@ -6,12 +6,12 @@ centre a worker uses is one round older.
 The default moving rate is 0.9 / N for N live workers (counted by the master, sent with every reply, so it
 follows workers that join and leave): the elastic coupling is stable only for beta = N a < 1 (the paper's
 condition), and SpeeDO's 0.5 sat on that bound at 2 workers and was past it from 3 up (NaN at 4 and 8 workers)."""
-from .base import OVERLAP, TAU, Option, Rule
+from .base import OVERLAP, SCALING, TAU, Option, Rule
 
 BETA = 0.9                  # the default N * alpha: inside the stability bound beta < 1, as the paper's runs
 MOVING_RATE = Option("moving_rate", float, None, "the elastic moving rate alpha (default 0.9 / the live workers)",
                      lambda value: None if 0 < value <= 1 else "must be in (0, 1], got %s" % value)
-OPTIONS = (TAU, MOVING_RATE, OVERLAP)
+OPTIONS = (TAU, MOVING_RATE, OVERLAP) + SCALING
 
 
 def moving_rate(options, workers):

@@ -31,9 +31,9 @@ import random
 import numpy as np
 
 from ...errors import DivergedError
-from .base import OVERLAP, TAU, Rule
+from .base import OVERLAP, SCALING, TAU, Rule
 
-OPTIONS = (TAU, OVERLAP)
+OPTIONS = (TAU, OVERLAP) + SCALING
 
 
 class Worker:
@@ -78,6 +78,13 @@ class Master(Rule):
         self.live, self.unsettled = list(workers), True
         self.settle_weights()
         super().start(workers)
+
+    def restart(self, workers, from_weights=False):
+        if from_weights:            # W is the last good mean; the workers' own weights may hold NaN: none averaged
+            self.live, self.unsettled = list(workers), False
+            Rule.start(self, workers)
+        else:                       # a restarted master has no W of its own: their mean, as at its start
+            self.start(workers)
 
     def on_join(self, worker):
         self.unsettled = True

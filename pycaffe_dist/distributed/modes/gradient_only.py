@@ -12,9 +12,9 @@ the weights' bytes and the master's update, is on every round: 42 % of a round a
 computes the next gradient at the W last pulled while the last one travels: 10 % of a round, but every gradient
 one update staler, and the accuracy pays for it: 0.849 against 0.831 after 1000 merges at 2 workers, 0.84 against
 0.79-0.82 after 2000 at 8 (2 cores), where 0.78 is the least every mode must reach there."""
-from .base import COMPRESS, FACTOR, OVERLAP, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Rule
 
-OPTIONS = (FACTOR, OVERLAP, COMPRESS)
+OPTIONS = (FACTOR, OVERLAP, COMPRESS) + SCALING
 
 
 class Worker:
@@ -34,11 +34,13 @@ class Worker:
 
 
 class Master(Rule):
+    staleness_aware = True
     depth = 0
     keeps_history = True        # the solver's update rule on the master: its momentum or Adam's moments
     advice = "lower the solver's base_lr, or give --factor (the rate / FACTOR) at least the number of workers"
 
     def on_result(self, worker, message):
-        self.master.apply_gradients(self.master.read_result(worker), self.scale(message))
+        # The rate scaled for N workers (lr_scaling.py) and by 1/staleness: a round of N results, N steps' worth.
+        self.master.apply_gradients(self.master.read_result(worker), self.scale(message) * self.master.rate_scale())
         self.master.merged([message])
         self.master.reply(worker, "merged")

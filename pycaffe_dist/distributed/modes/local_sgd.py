@@ -36,14 +36,14 @@ import numpy as np
 from scipy.linalg.blas import saxpy
 
 from . import sync
-from .base import COMPRESS, OVERLAP, TAU, DeltaWorker, Option
+from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaWorker, Option
 
 DEFAULT_TAU = 8
 OUTER_LR = Option("outer_lr", float, 1.0, "the outer optimizer's rate a: W += a (m v + mean delta)",
                   lambda value: None if value > 0 else "must be positive, got %s" % value)
 OUTER_MOMENTUM = Option("outer_momentum", float, 0.5, "the outer optimizer's Nesterov momentum m (0: plain "
                         "averaging)", lambda value: None if 0 <= value < 1 else "must be in [0, 1), got %s" % value)
-OPTIONS = (TAU, OUTER_LR, OUTER_MOMENTUM, sync.BACKUP, OVERLAP, COMPRESS)
+OPTIONS = (TAU, OUTER_LR, OUTER_MOMENTUM, sync.BACKUP, OVERLAP, COMPRESS) + SCALING
 DEFAULTS = {"tau": DEFAULT_TAU}
 Worker = DeltaWorker       # this mode's worker side
 
@@ -64,6 +64,11 @@ class Master(sync.Master):
                 "from the snapshot (|v| %.3g)" % max(float(np.abs(v).max()) for v in velocity)
                 if any(v.any() for v in velocity) else "starts at 0"))
         super().start(workers)
+
+    def merged_work(self, workers):
+        # The outer step already multiplies a steady mean delta by a / (1 - m) (2 with the defaults): the rate makes
+        # up the rest of N, so that a round of N workers' tau steps is worth N x tau of one process's steps.
+        return max(1.0, workers * (1.0 - self.momentum) / self.rate)
 
     def step(self, total, count):
         if self.momentum:

@@ -4,14 +4,15 @@ worker may start round k only while k - (rounds completed by the slowest live wo
 is too far ahead waits, and only until the slowest catches up; SpeeDO instead stopped everybody at a global
 barrier whenever the spread reached s. The reply to round r allows round r + 1 + depth (depth 1 overlaps an
 exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on)."""
-from .base import FACTOR, OVERLAP, TAU, DeltaWorker, Option, Rule, at_least
+from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaWorker, Option, Rule, at_least
 
 MAX_ADVANCE = Option("max_advance", int, 1, "rounds a worker may run ahead of the slowest", at_least(0))
-OPTIONS = (TAU, MAX_ADVANCE, FACTOR, OVERLAP)
+OPTIONS = (TAU, MAX_ADVANCE, FACTOR, OVERLAP) + SCALING
 Worker = DeltaWorker       # this mode's worker side
 
 
 class Master(Rule):
+    staleness_aware = True
     advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
 
     def __init__(self, master, options):

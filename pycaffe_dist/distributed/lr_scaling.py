@@ -1,0 +1,132 @@
+"""The learning rate of N workers: the linear scaling rule with a gradual warmup (Goyal et al. 2017, "Accurate,
+Large Minibatch SGD: Training ImageNet in 1 Hour"), applied by every data-parallel mode.
+
+Why. Each mode merges N workers' work in a way that, at the solver's own rate, adds up to one process's step:
+sync merges the mean of N deltas (one step of a batch N times larger), the staleness-aware modes scale each of the N
+results of a round by about 1/N, gossip and EASGD average N workers who each step as one process does. So N workers
+computed N times the images per second and needed about N times the images: the time to accuracy did not fall
+with N. The rule: when a merge takes k times the work of one process's step, the rate is k times the solver's,
+reached gradually from the solver's own rate (one more solver's rate every `lr_warmup` of the job's merges), since
+a large rate on the random weights of the first iterations diverges where the same rate later does not.
+
+What k is comes from how each mode merges (Rule.merged_work in modes/base.py, overridden where it differs):
+- sync, gossip, easgd, async, partial-sync, weed-out, gradient-only: k = N, the live workers (counted at each
+  reply, so the rate follows workers that join and leave). In sync a merge is N batches; in the staleness-aware
+  modes the N results of a round are merged at 1/staleness ~ 1/N each, so k = N makes each result worth one
+  process's step; gossip and EASGD average N workers, whose mean moves as one step of N batches.
+- local-sgd: k = N (1 - m) / a for the outer rate a and momentum m: DiLoCo's outer Nesterov step already
+  multiplies a steady mean delta by a / (1 - m) (2 with the defaults).
+
+Where it applies: the rate of every local solver step is the solver's (its lr policy at the job's merge count)
+times the scale the master sends with each reply, so a worker's momentum and weight decay follow the scaled
+rate as Caffe's own SGD with a larger base_lr would; in gradient-only the master applies it in its own update (the
+rate times scale / staleness). The schedule keeps counting merges, as max_iter does (see the README's units).
+
+`--lr-scaling sqrt` scales by sqrt(k) (Krizhevsky 2014's rule for the variance of a larger batch) and `none` keeps
+the solver's rate: Caffe's multi-GPU training and SpeeDO, where N workers' results add up to one process's step.
+Past a net's critical batch (McCandlish et al. 2018) a larger merge no longer buys fewer images: CRITICAL says
+where that lies for LeNet on Fashion-MNIST (bench/scaling.py --images) and a job past it says so once."""
+import math
+from collections import deque
+
+import numpy as np
+
+from ..errors import DivergedError
+from . import results
+
+POLICIES = ("linear", "sqrt", "none")
+WARMUP_SHARE = 0.02         # of the job's merges, per solver's rate the scale climbs (scale())
+
+
+def check_policy(value):
+    return None if value in POLICIES else "must be one of %s, got %r" % (", ".join(POLICIES), value)
+
+
+def check_warmup(value):
+    return None if 0 <= value <= 1 else "must be a share of the job's merges in [0, 1], got %s" % value
+
+
+# Batch merged per step (images) past which linear scaling stopped paying for LeNet on Fashion-MNIST: images to 0.85
+# grew beyond 1.5x one process's (bench/scaling.py --images, README "Learning rate of N workers").
+CRITICAL_IMAGES = 1024
+
+
+def target(policy, work):
+    """The scale of the solver's rate once warmed up, for merges that take `work` times one process's step."""
+    work = max(1.0, float(work))
+    if policy == "linear":
+        return work
+    if policy == "sqrt":
+        return math.sqrt(work)
+    return 1.0
+
+
+def scale(policy, work, merges, step_merges):
+    """The scale at merge count `merges`: from 1, one more solver's rate every `step_merges` merges, up to
+    target(). The warmup thus lasts (target - 1) x step_merges: longer for a larger target. Measured (LeNet,
+    sync): a ramp of fixed length, as Goyal's 5 epochs, that suited 8 workers (5 % of the job) diverged at 16,
+    and one that suited 16 (25 %) cost 8 workers half again the images; the rate's climb per image is what the
+    net must keep up with."""
+    full = target(policy, work)
+    if full == 1.0:
+        return 1.0
+    if step_merges <= 0:
+        return full
+    return min(full, 1.0 + merges / step_merges)
+
+
+def warmup_step(options, max_iter):
+    """The merges over which the rate climbs by one solver's rate (lr_warmup of max_iter)."""
+    return options.get("lr_warmup", WARMUP_SHARE) * max_iter
+
+
+class Backoff:
+    """What keeps a scaled rate from ending a job in NaN: a net's stable rate has a ceiling that no batch size
+    lifts (its curvature sets it), so linear scaling at many workers can pass it (LeNet's solver at 32 workers
+    x 64 images: NaN within 15 merges of the full rate). The master keeps two copies of W, taken every `every`
+    merges where W is finite; when a result or W turns NaN or Inf while the rate is scaled above the solver's,
+    W goes back to the older copy, the ceiling becomes half the scale that diverged, and every worker starts
+    again from W with its momentum cleared. At the solver's own rate a NaN still stops the job (the NaN guard)."""
+    COPIES = 2
+
+    LOSS_RISE = 2.0         # a merge whose workers' mean loss is this many times the first merge's is diverging
+
+    def __init__(self, max_iter):
+        self.every = max(2, int(max_iter) // 20)
+        self.copies = deque()              # (merge count, arrays), oldest first
+        self.ceiling = math.inf
+        self.count = 0                     # how often it backed off
+        self.first_loss = None
+
+    def check_loss(self, loss, scale):
+        """Divergence shows in the workers' loss before it reaches W as NaN (Caffe's loss climbs to 87.3, the
+        log of FLT_MIN, first): at a scaled rate, a loss that is not finite or is LOSS_RISE times the first
+        merge's raises DivergedError, so that the rate backs off from a W that is still good. At the solver's own
+        rate nothing is checked here (the job trains on, as before; NaN in W still stops it)."""
+        if self.first_loss is None and math.isfinite(loss):
+            self.first_loss = loss
+        if scale > 1.0 and self.first_loss is not None and not loss <= self.LOSS_RISE * self.first_loss:
+            raise DivergedError("the workers' loss rose to %.4g (%.4g at the first merge)" % (loss, self.first_loss))
+
+    def keep(self, weights, merges, force=False):
+        """A copy of W at `merges`, every `every` merges (or now, with `force`), if W is finite."""
+        if not force and merges % self.every:
+            return
+        if results.first_non_finite(weights) is not None:
+            return
+        if self.copies and self.copies[-1][0] == merges:
+            self.copies.pop()
+        arrays = self.copies.popleft()[1] if len(self.copies) == self.COPIES else \
+            [np.empty_like(w) for w in weights]
+        for a, w in zip(arrays, weights):
+            np.copyto(a, w)
+        self.copies.append((merges, arrays))
+
+    def back_off(self, scale):
+        """The rate diverged at `scale`: (the merge count of the W to go back to, its arrays), with the ceiling
+        halved; None where there is nothing to go back to or the rate is not scaled."""
+        if scale <= 1.0 or not self.copies:
+            return None
+        self.ceiling = max(1.0, scale / 2)
+        self.count += 1
+        return self.copies[0]

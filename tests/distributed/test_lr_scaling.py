@@ -1,0 +1,191 @@
+"""The learning rate of N workers (distributed/lr_scaling.py): the linear scaling rule's arithmetic, its warmup,
+the backoff that keeps a scaled rate from ending a job in NaN, and, on real processes, that `--lr-scaling none`
+merges exactly what the solver's own rate merges (today's merges: checked against the same rounds computed here,
+in this process) while the default scales them."""
+import math
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from scipy.linalg.blas import saxpy
+
+from pycaffe_dist import common
+from pycaffe_dist.distributed import job as jobs
+from pycaffe_dist.distributed import lr_scaling
+from pycaffe_dist.distributed.modes import MODES, resolve_options
+from pycaffe_dist.errors import DivergedError, PycaffeDistError
+from pycaffe_dist.io.caffemodel import load_weights
+from pycaffe_dist.io.load import read_solver
+from pycaffe_dist.solver.solver import Solver
+
+
+def test_the_target_is_the_work_a_merge_takes_by_the_policy():
+    assert lr_scaling.target("linear", 8) == 8
+    assert lr_scaling.target("sqrt", 16) == 4
+    assert lr_scaling.target("none", 8) == 1
+    assert lr_scaling.target("linear", 0.5) == 1          # never below the solver's own rate
+
+
+def test_the_scale_climbs_one_solver_rate_per_warmup_step():
+    assert lr_scaling.scale("linear", 8, 0, 10) == 1.0
+    assert lr_scaling.scale("linear", 8, 35, 10) == 4.5
+    assert lr_scaling.scale("linear", 8, 70, 10) == 8.0
+    assert lr_scaling.scale("linear", 16, 70, 10) == 8.0        # a larger target takes longer to reach
+    assert lr_scaling.scale("linear", 8, 1000, 10) == 8.0
+    assert lr_scaling.scale("linear", 8, 0, 0) == 8.0           # no warmup
+    assert lr_scaling.scale("none", 8, 1000, 10) == 1.0
+    assert lr_scaling.warmup_step({"lr_warmup": 0.02}, 2000) == 40
+
+
+def test_every_data_parallel_mode_takes_the_switch_with_linear_by_default():
+    for mode in MODES:
+        options = resolve_options(mode, {})
+        assert options["lr_scaling"] == "linear" and options["lr_warmup"] == lr_scaling.WARMUP_SHARE, mode
+    with pytest.raises(PycaffeDistError, match="--lr-scaling must be one of linear, sqrt, none, got 'cubic'"):
+        resolve_options("sync", {"lr_scaling": "cubic"})
+    with pytest.raises(PycaffeDistError, match="--lr-warmup must be a share"):
+        resolve_options("async", {"lr_warmup": 2.0})
+
+
+class _View:
+    """The part of the master a rule's merged_work reads: the typical staleness of the results so far."""
+
+    def __init__(self, staleness=None):
+        self.staleness = staleness
+
+    def typical_staleness(self):
+        return self.staleness
+
+
+@pytest.mark.parametrize("mode,workers,work", [("sync", 8, 8), ("gossip", 4, 4), ("easgd", 16, 16),
+                                               ("local-sgd", 8, 4), ("async", 8, 8), ("gradient-only", 2, 2)])
+def test_the_work_of_a_merge_per_mode(mode, workers, work):
+    rule = MODES[mode].Master(_View(), resolve_options(mode, {}))
+    assert rule.merged_work(workers) == work
+
+
+@pytest.mark.parametrize("mode", ["async", "partial-sync", "weed-out", "gradient-only"])
+def test_a_staleness_aware_merge_is_worth_the_typical_staleness(mode):
+    """A result merged at 1/staleness counts as one step where its staleness is the typical one; --factor F merges
+    every result at 1/F, so F is what a result is worth."""
+    assert MODES[mode].Master(_View(13.5), resolve_options(mode, {})).merged_work(8) == 13.5
+    assert MODES[mode].Master(_View(13.5), resolve_options(mode, {"factor": 4.0})).merged_work(8) == 4.0
+    assert MODES[mode].Master(_View(13.5), resolve_options(mode, {"factor": 1.0})).merged_work(8) == 1.0
+
+
+def test_local_sgd_counts_its_outer_step():
+    """DiLoCo's outer step multiplies a steady mean delta by a / (1 - m): the rate is scaled by the rest of N."""
+    rule = MODES["local-sgd"].Master(_View(), resolve_options("local-sgd", {"outer_lr": 1.0, "outer_momentum": 0.0}))
+    assert rule.merged_work(8) == 8
+    rule = MODES["local-sgd"].Master(_View(), resolve_options("local-sgd", {"outer_lr": 0.5, "outer_momentum": 0.75}))
+    assert rule.merged_work(8) == 4
+
+
+def test_backoff_keeps_finite_copies_and_goes_back_to_the_older():
+    backoff = lr_scaling.Backoff(max_iter=100)            # a copy every 5 merges
+    w = [np.ones((2, 3), np.float32)]
+    backoff.keep(w, 0, force=True)
+    for count in range(1, 16):
+        w[0] += 1
+        backoff.keep(w, count)
+    assert [c for c, _ in backoff.copies] == [10, 15]
+    w[0][0, 0] = np.nan
+    backoff.keep(w, 20)                                    # not finite: not kept
+    assert [c for c, _ in backoff.copies] == [10, 15]
+    assert backoff.back_off(1.0) is None                   # the solver's own rate: nothing to back off
+    merges, arrays = backoff.back_off(8.0)
+    assert merges == 10 and arrays[0][0, 0] == 11 and backoff.ceiling == 4.0 and backoff.count == 1
+    backoff.back_off(1.5)
+    assert backoff.ceiling == 1.0
+
+
+def test_backoff_sees_the_loss_rise_only_at_a_scaled_rate():
+    backoff = lr_scaling.Backoff(max_iter=100)
+    backoff.check_loss(2.3, 1.0)
+    backoff.check_loss(9.0, 1.0)                           # the solver's rate: as before, trains on
+    backoff.check_loss(4.5, 8.0)
+    with pytest.raises(DivergedError, match="loss rose to 4.7"):
+        backoff.check_loss(4.7, 8.0)
+    with pytest.raises(DivergedError):
+        backoff.check_loss(float("nan"), 2.0)
+
+
+# --- real processes ------------------------------------------------------------------------------------------
+
+WORKERS, ROUNDS = 3, 12
+
+
+def _sync_rounds_here(solver_path, workers, rounds):
+    """Sync without overlap, tau 1, computed in this process as the master and its workers compute it: each worker
+    (its shard, its seed) takes one solver step from W at the merge count; W += (the deltas summed in slot order)
+    / N by saxpy. The master's initial W is its solver's fill."""
+    param = jobs.inline_nets(read_solver(str(solver_path)))
+    weights = [b.data.copy() for b in Solver(param).net.learnable_params]
+    text = text_format.MessageToString(param)
+    solvers = []
+    for slot in range(workers):
+        common.set_data_shard(slot, workers)
+        solvers.append(Solver(jobs.worker_solver(text, slot)))
+    common.set_data_shard(0, 1)
+    for count in range(rounds):
+        total = None
+        for solver in solvers:
+            solver.set_weights(weights)
+            solver.step_from(count, 1)
+            delta = [b.data - w for b, w in zip(solver.net.learnable_params, weights)]
+            if total is None:
+                total = [np.array(d, dtype=np.float32) for d in delta]
+            else:
+                for t, d in zip(total, delta):
+                    t += d
+        for w, t in zip(weights, total):
+            saxpy(t.reshape(-1), w.reshape(-1), a=1.0 / workers)
+    return weights
+
+
+def _snapshot_weights(solver_path, iteration):
+    solver = Solver(str(solver_path))
+    load_weights(solver.net, "%s_iter_%d.caffemodel" % (solver.param.snapshot_prefix, iteration))
+    return [b.data.copy() for b in solver.net.learnable_params]
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_lr_scaling_none_merges_what_the_solver_rate_merges_bit_for_bit(procs, make_solver, tmp_path):
+    expected = None
+    finals = {}
+    for policy in ("none", "linear"):
+        solver_path = make_solver(max_iter=ROUNDS, snapshot_prefix=str(tmp_path / policy))
+        if expected is None:
+            expected = _sync_rounds_here(solver_path, WORKERS, ROUNDS)
+        job = "scaling-" + policy
+        procs.master(job, solver_path, "sync", WORKERS, "--no-overlap", "--lr-scaling", policy, name=job)
+        for index in range(WORKERS):
+            procs.start("%s-worker%d" % (job, index), "worker", "--redis", procs.url, "--job", job, "--id", index)
+        procs.check(job)
+        finals[policy] = _snapshot_weights(solver_path, ROUNDS)
+        assert ("Learning rate: the solver's (--lr-scaling none)" in procs.log(job)) == (policy == "none")
+    for e, g in zip(expected, finals["none"]):
+        assert np.array_equal(e, g)
+    # The default scales the rate (3 x after the warmup): the same rounds move W elsewhere.
+    assert not all(np.array_equal(e, g) for e, g in zip(expected, finals["linear"]))
+    assert "Learning rate: the solver's x 3 (linear scaling" in procs.log("scaling-linear")
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_rate_past_the_nets_ceiling_backs_off_instead_of_ending_in_nan(procs, make_solver):
+    """The tiny net trains at base_lr 2 with no momentum; 4 workers' linear scale (8, reached at once: no warmup)
+    diverges. The job backs off, says so, and ends with a finite loss; at the solver's own rate a NaN would still
+    stop it (tests/distributed/test_master.py)."""
+    solver_path = make_solver(max_iter=120, base_lr=2.0, momentum=0.0)
+    procs.master("backoff", solver_path, "sync", 4, "--lr-warmup", 0)
+    for index in range(4):
+        procs.worker("backoff", index)
+    procs.check("master", timeout=180)
+    log = procs.log("master")
+    assert "Learning rate: training diverged at 4 x the solver's rate" in log, log[-3000:]
+    stats = procs.stats()
+    assert stats["lr_backoffs"] >= 1 and stats["lr_scale"] < 4
+    final = stats["tests"][-1]["scores"]
+    assert math.isfinite(final["loss"]) and final["accuracy"] > 0.5, final
