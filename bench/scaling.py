@@ -21,7 +21,9 @@ root (the net's Data layers read data/fashion-mnist/{train,test}.datumfile relat
     decay_mult, the inv policy, Caffe's momentum form). Rank r reads the training datumfile and keeps the records
     p with p % N == r, in file order (the shard our workers' Data layers read), and takes batches of 64 from it in
     order with wrap-around, batches/N steps: the same images in total. DDP averages the N gradients of a step, so
-    its effective batch is 64 N and the learning-rate schedule counts steps (batches/N of them), not images.
+    its effective batch is 64 N and the learning-rate schedule counts steps (batches/N of them), not images;
+    its rate follows our default rule (distributed/lr_scaling.py): N x the solver's, reached by one more solver's
+    rate every 2 % of the steps.
     Rank 0 writes the weights (.npz) at the same image counts as our snapshots.
   - each mode of --modes: `dist_caffe train --workers N --mode M --threads T --stats F` with no mode options (the
     modes' defaults; a mode that cannot run without options fails and is reported as failed), plus `--link
@@ -182,7 +184,7 @@ def plan(args, counts):
         if n * args.threads not in thread_counts and n * args.threads <= args.cores:
             thread_counts.add(n * args.threads)
             runs.append(new_run(args, "single", 1, n * args.threads))
-        runs.append(new_run(args, "ddp", n, args.threads))
+        runs.append(new_run(args, "ddp", n, args.threads, scaling="linear"))
         runs += [new_run(args, "ours", n, args.threads, mode, compress, scaling) for mode in args.modes
                  for compress in (args.compress if takes_compress(mode) else [None])
                  for scaling in (args.lr_scaling if takes_scaling(mode) and args.lr_scaling != ["linear"]
@@ -248,7 +250,8 @@ def start(run, solver_path, args):
     if run["kind"] == "ddp":
         port = str(free_port())
         return [popen([sys.executable, str(pathlib.Path(__file__).resolve()), "--ddp-child", str(solver_path),
-                       "--threads", str(run["threads"]), "--init", str(args.out / "initial_weights.npz")],
+                       "--threads", str(run["threads"]), "--init", str(args.out / "initial_weights.npz"),
+                       "--lr-scaling", run["scaling"] or "linear"],
                       child_env(run["threads"], MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
                                 WORLD_SIZE=str(run["n"])), "output.rank%d.log" % rank)
                 for rank in range(run["n"])]
@@ -336,7 +339,7 @@ def load_shard(path, rank, world):
     return np.stack(images), np.asarray(labels, np.int64)
 
 
-def ddp_child(solver_path, init_path, threads):
+def ddp_child(solver_path, init_path, threads, scaling="linear"):
     """One DDP rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment): Caffe's SGD on its shard, the
     gradients averaged by DDP; rank 0 writes the weights every `snapshot` steps and after the last one."""
     import datetime
@@ -345,6 +348,7 @@ def ddp_child(solver_path, init_path, threads):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from train_lenet import caffe_sgd_step, param_mults, torch_lenet   # bench/, this script's directory
+    from pycaffe_dist.distributed import lr_scaling
     from pycaffe_dist.io.load import read_net, read_solver
     from pycaffe_dist.proto import caffe_pb2
     torch.set_num_threads(threads)
@@ -376,7 +380,10 @@ def ddp_child(solver_path, init_path, threads):
         model.zero_grad(set_to_none=False)
         loss = loss_fn(ddp(x), torch.from_numpy(labels[idx]))
         loss.backward()                               # DDP: the gradients averaged over the ranks
-        caffe_sgd_step(torch, params, history, s, step)
+        # The rule our data-parallel runs follow by default (distributed/lr_scaling.py): DDP's mean of `world`
+        # gradients is a step of a batch `world` times larger, its rate scaled by `world` after the same warmup.
+        caffe_sgd_step(torch, params, history, s, step,
+                       lr_scaling.scale(scaling, world, step, lr_scaling.warmup_step({}, s.max_iter)))
         if rank == 0 and s.display and step % s.display == 0:
             print("Iteration %d, loss = %g" % (step, loss.item()), flush=True)
         if rank == 0 and ((step + 1) % s.snapshot == 0 or step + 1 == s.max_iter):
@@ -659,7 +666,7 @@ def main():
     ap.add_argument("--init", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ddp_child:
-        return ddp_child(args.ddp_child, args.init, args.threads)
+        return ddp_child(args.ddp_child, args.init, args.threads, args.lr_scaling)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:

@@ -127,9 +127,10 @@ def param_mults(net):
     return mults
 
 
-def caffe_sgd_step(torch, params, history, s, it):
-    """Caffe's SGDSolver update of iteration `it` (inv lr policy, L2 decay) on (param, lr_mult, decay_mult)."""
-    rate = s.base_lr * (1.0 + s.gamma * it) ** (-s.power)
+def caffe_sgd_step(torch, params, history, s, it, scale=1.0):
+    """Caffe's SGDSolver update of iteration `it` (inv lr policy, L2 decay) on (param, lr_mult, decay_mult), its rate
+    times `scale` (the linear scaling rule of a data-parallel run: bench/scaling.py)."""
+    rate = s.base_lr * (1.0 + s.gamma * it) ** (-s.power) * scale
     with torch.no_grad():
         for (p, lr_mult, decay_mult), h in zip(params, history):
             p.grad.add_(p, alpha=s.weight_decay * decay_mult)

@@ -10,10 +10,13 @@ reached gradually from the solver's own rate (one more solver's rate every `lr_w
 a large rate on the random weights of the first iterations diverges where the same rate later does not.
 
 What k is comes from how each mode merges (Rule.merged_work in modes/base.py, overridden where it differs):
-- sync, gossip, easgd, async, partial-sync, weed-out, gradient-only: k = N, the live workers (counted at each
-  reply, so the rate follows workers that join and leave). In sync a merge is N batches; in the staleness-aware
-  modes the N results of a round are merged at 1/staleness ~ 1/N each, so k = N makes each result worth one
-  process's step; gossip and EASGD average N workers, whose mean moves as one step of N batches.
+- sync, gossip, easgd: k = N, the live workers (counted at each reply, so the rate follows workers that join and
+  leave). In sync a merge is N batches; gossip and EASGD average N workers, whose mean moves as one step of N
+  batches.
+- async, partial-sync, weed-out, gradient-only merge each result at 1/its staleness (or 1/--factor): k is the
+  typical staleness of the recent results (or the factor), so that a result of typical staleness counts as one
+  process's step and a staler one as less. The staleness is about N, more where workers share cores or overlap
+  their exchange (13.5 at 8 workers on 2 cores, where k = N left each result worth 0.6 of a step).
 - local-sgd: k = N (1 - m) / a for the outer rate a and momentum m: DiLoCo's outer Nesterov step already
   multiplies a steady mean delta by a / (1 - m) (2 with the defaults).
 
@@ -24,8 +27,8 @@ rate times scale / staleness). The schedule keeps counting merges, as max_iter d
 
 `--lr-scaling sqrt` scales by sqrt(k) (Krizhevsky 2014's rule for the variance of a larger batch) and `none` keeps
 the solver's rate: Caffe's multi-GPU training and SpeeDO, where N workers' results add up to one process's step.
-Past a net's critical batch (McCandlish et al. 2018) a larger merge no longer buys fewer images: CRITICAL says
-where that lies for LeNet on Fashion-MNIST (bench/scaling.py --images) and a job past it says so once."""
+Past a net's critical batch (McCandlish et al. 2018) a larger merge no longer buys fewer images: CRITICAL_IMAGES
+says where that lies for LeNet on Fashion-MNIST (bench/scaling.py --images) and a job past it says so once."""
 import math
 from collections import deque
 
@@ -88,25 +91,37 @@ class Backoff:
     W goes back to the older copy, the ceiling becomes half the scale that diverged, and every worker starts
     again from W with its momentum cleared. At the solver's own rate a NaN still stops the job (the NaN guard)."""
     COPIES = 2
-
-    LOSS_RISE = 2.0         # a merge whose workers' mean loss is this many times the first merge's is diverging
+    LOSS_RISE = 2.0         # a window of merges whose workers' mean loss is this many times the first window's
+    WINDOW = 10             # merges whose losses are averaged: one batch's loss alone varies 2x and more
 
     def __init__(self, max_iter):
         self.every = max(2, int(max_iter) // 20)
         self.copies = deque()              # (merge count, arrays), oldest first
         self.ceiling = math.inf
         self.count = 0                     # how often it backed off
-        self.first_loss = None
+        self.recent = deque(maxlen=self.WINDOW)
+        self.first_loss = None             # the mean loss of the job's first WINDOW merges
 
     def check_loss(self, loss, scale):
         """Divergence shows in the workers' loss before it reaches W as NaN (Caffe's loss climbs to 87.3, the
-        log of FLT_MIN, first): at a scaled rate, a loss that is not finite or is LOSS_RISE times the first
-        merge's raises DivergedError, so that the rate backs off from a W that is still good. At the solver's own
-        rate nothing is checked here (the job trains on, as before; NaN in W still stops it)."""
-        if self.first_loss is None and math.isfinite(loss):
-            self.first_loss = loss
-        if scale > 1.0 and self.first_loss is not None and not loss <= self.LOSS_RISE * self.first_loss:
-            raise DivergedError("the workers' loss rose to %.4g (%.4g at the first merge)" % (loss, self.first_loss))
+        log of FLT_MIN, first): at a scaled rate, a merge whose loss is not finite, or after which the mean loss
+        of the last WINDOW merges is LOSS_RISE times the first WINDOW's, raises DivergedError, so that the rate
+        backs off from a W that is still good. At the solver's own rate nothing is checked here (the job trains
+        on, as before; NaN in W still stops it)."""
+        if not math.isfinite(loss):
+            if scale > 1.0:
+                raise DivergedError("the workers' loss is %s" % loss)
+            return
+        self.recent.append(loss)
+        mean = sum(self.recent) / len(self.recent)
+        if self.first_loss is None:
+            if len(self.recent) == self.WINDOW:
+                self.first_loss = mean
+            return
+        if scale > 1.0 and mean > self.LOSS_RISE * self.first_loss:
+            self.recent.clear()            # the rate backs off: a new window from the W it goes back to
+            raise DivergedError("the workers' loss rose to %.4g over the last %d merges (%.4g over the first)"
+                                % (mean, self.WINDOW, self.first_loss))
 
     def keep(self, weights, merges, force=False):
         """A copy of W at `merges`, every `every` merges (or now, with `force`), if W is finite."""

@@ -107,6 +107,7 @@ class Master(stop_signals.StopRequests):
             param.max_iter = settings.max_iter
         self.param, self.mode_name, self.options, self.workers_wanted = param, mode, options, int(workers)
         self.solver = Solver(param)
+        self.solver.trust = options.get("lars")     # gradient-only's update on the master: --lars clips it too
         self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
         self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]

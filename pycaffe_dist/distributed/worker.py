@@ -194,6 +194,7 @@ class Worker:
         common.set_num_threads(self.threads)
         common.set_data_shard(slot % shards, shards)
         solver = Solver(jobs.worker_solver(self.spec["solver"], slot))
+        solver.trust = self.spec["options"].get("lars")       # a layer-wise clip of the scaled rate (--lars)
         shapes = solver.weight_shapes
         expected = [tuple(b["shape"]) for b in self.spec["blobs"]]
         if shapes != expected:

@@ -20,6 +20,7 @@ Deliberate differences from Caffe:
   device_id and --gpu), as Caffe's Solver does; it does not read solver_mode itself.
 """
 import logging
+import math
 import os
 import tempfile
 import time
@@ -86,6 +87,7 @@ class Solver:
         self._losses = []
         self.warned_diverged = False
         self.rate_scale = 1.0              # times every update's rate in step() (step_from sets it)
+        self.trust = None                  # LARS's trust coefficient, clipping a scaled rate (_trust_clipped)
         self._forwards = {"train": 0, "test": [0] * len(self.test_nets)}
 
     # --- nets ---------------------------------------------------------------------------------------------
@@ -288,6 +290,8 @@ class Solver:
         p = self.param
         params = self.net.learnable_params
         rates = self.net.params_lr if rate_scale == 1 else [m * rate_scale for m in self.net.params_lr]
+        if self.trust is not None and rate_scale > 1:
+            rates = self._trust_clipped(rates)
         before = self.current_step
         gpu = select.active()
         if gpu:
@@ -310,6 +314,30 @@ class Solver:
         if gpu:
             updates_gpu.apply_steps(params, self._parameter_tables)
         self.iter += 1
+
+    def _trust_clipped(self, scaled):
+        """The lr multipliers `scaled` (the solver's times a distributed job's rate scale), each clipped where it
+        would make its blob's step larger than LARS's trust ratio allows: rate x multiplier <= trust |w| / (|g| +
+        weight_decay x decay_mult |w|) (You, Gitman and Ginsburg 2017, as a clip: NVIDIA's LARC), but never below
+        the solver's own multiplier, so only the scaling is clipped, layer by layer. A blob of weights or
+        gradient 0 keeps its multiplier (a bias at its fill, a frozen blob)."""
+        p = self.param
+        rate, _ = lr_policy.learning_rate(p, self.iter, self.current_step, self.source)
+        params = self.net.learnable_params
+        if select.active():
+            dev = select.current()
+            norms = [(math.sqrt(max(0.0, dev.dot(b.count, b.gpu_data, b.gpu_data))),
+                      math.sqrt(max(0.0, dev.dot(b.count, b.gpu_diff, b.gpu_diff)))) for b in params]
+        else:
+            norms = [(float(np.linalg.norm(b.data)), float(np.linalg.norm(b.diff))) for b in params]
+        clipped = []
+        for multiplier, own, decay, (w, g) in zip(scaled, self.net.params_lr, self.net.params_weight_decay, norms):
+            g /= p.iter_size
+            if w > 0 and g > 0 and rate > 0 and multiplier > own:
+                bound = self.trust * w / (g + p.weight_decay * decay * w) / float(rate)
+                multiplier = max(own, min(multiplier, bound))
+            clipped.append(multiplier)
+        return clipped
 
     def solve(self, resume_file=None):
         p = self.param

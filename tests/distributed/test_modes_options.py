@@ -10,13 +10,16 @@ from tests.cli.commands import assert_clean_error, dist_caffe
 from tests.conftest import REPO
 
 
+SCALING = {"lr_scaling": "linear", "lr_warmup": 0.02, "lars": None}     # every data-parallel mode's
+
+
 def test_defaults_come_from_the_declarations():
-    assert resolve_options("async", {}) == {"tau": 1, "factor": None, "overlap": None, "compress": "none"}
-    assert resolve_options("easgd", {"tau": 3}) == {"tau": 3, "moving_rate": None, "overlap": None}
-    assert resolve_options("gradient-only", {}) == {"factor": None, "overlap": None, "compress": "none"}
-    assert resolve_options("sync", {}) == {"tau": 1, "backup": 0, "overlap": None, "compress": "none"}
-    assert resolve_options("local-sgd", {}) == {"tau": 8, "outer_lr": 1.0, "outer_momentum": 0.5, "backup": 0,
-                                                 "overlap": None, "compress": "none"}
+    assert resolve_options("async", {}) == dict(SCALING, tau=1, factor=None, overlap=None, compress="none")
+    assert resolve_options("easgd", {"tau": 3}) == dict(SCALING, tau=3, moving_rate=None, overlap=None)
+    assert resolve_options("gradient-only", {}) == dict(SCALING, factor=None, overlap=None, compress="none")
+    assert resolve_options("sync", {}) == dict(SCALING, tau=1, backup=0, overlap=None, compress="none")
+    assert resolve_options("local-sgd", {}) == dict(SCALING, tau=8, outer_lr=1.0, outer_momentum=0.5, backup=0,
+                                                    overlap=None, compress="none")
     for mode, module in MODES.items():                  # every mode runs with no options at all
         assert set(resolve_options(mode, {})) == {o.name for o in module.OPTIONS}
 
@@ -48,7 +51,7 @@ def test_bad_options_are_refused_with_the_flag_named(mode, given, message):
 
 def test_an_other_modes_option_at_its_default_is_accepted():
     """The Ansible role passes --tau 1 whatever the mode."""
-    assert resolve_options("gradient-only", {"tau": 1}) == {"factor": None, "overlap": None, "compress": "none"}
+    assert resolve_options("gradient-only", {"tau": 1}) == dict(SCALING, factor=None, overlap=None, compress="none")
 
 
 @pytest.mark.parametrize("verb", [["train", "--solver", "s"], ["master"]])
@@ -56,13 +59,13 @@ def test_every_declared_option_is_a_flag_of_train_and_master(verb):
     parser = build_parser()
     argv = verb + ["--tau", "2", "--factor", "0.5", "--max-advance", "3", "--weedout", "4", "--moving-rate", "0.2",
                    "--backup", "1", "--no-overlap", "--outer-lr", "0.7", "--outer-momentum", "0.9",
-            "--compress", "topk:0.01"]
+            "--compress", "topk:0.01", "--lr-scaling", "sqrt", "--lr-warmup", "0.1", "--lars", "0.02"]
     args = parser.parse_args(argv)
     assert mode_options(args) == {"tau": 2, "factor": 0.5, "max_advance": 3, "weedout": 4, "moving_rate": 0.2,
                                   "backup": 1, "overlap": False, "outer_lr": 0.7, "outer_momentum": 0.9,
-                                  "compress": "topk:0.01"}
+                                  "compress": "topk:0.01", "lr_scaling": "sqrt", "lr_warmup": 0.1, "lars": 0.02}
     assert mode_options(parser.parse_args(verb)) == {}
-    assert len(all_options()) == 10
+    assert len(all_options()) == 13
 
 
 def test_train_refuses_a_bad_option_in_one_line_before_starting_anything():

@@ -33,7 +33,12 @@ class Recorder:
         self.replies.append((worker, status))
 
     def apply_gradients(self, gradients, scale=1.0):
-        self.gradients, self.rate_scale = gradients, scale
+        self.gradients, self.applied_scale = gradients, scale
+
+    scaled = 1.0                    # the rate's scale for N workers (lr_scaling.py) the master would send
+
+    def rate_scale(self):
+        return self.scaled
 
     def slot(self, worker):
         return int(worker)
@@ -187,9 +192,17 @@ def test_gradient_only_scales_the_rate_by_the_staleness():
     master, rule = _rule("gradient-only")
     master.count = 7
     _deliver(master, rule, "0", 0.5, base=4)
-    assert master.rate_scale == 0.25
+    assert master.applied_scale == 0.25
     _deliver(master, rule, "1", 0.5)
-    assert master.rate_scale == 1.0
+    assert master.applied_scale == 1.0
+
+
+def test_gradient_only_applies_the_scaled_rate_over_the_staleness():
+    """The master's update takes the linear scaling rule's scale too (its workers run no solver steps)."""
+    master, rule = _rule("gradient-only")
+    master.count, master.scaled = 7, 8.0
+    _deliver(master, rule, "0", 0.5, base=4)
+    assert master.applied_scale == 2.0
 
 
 def test_weed_out_runs_without_options_and_its_window_is_the_live_workers():

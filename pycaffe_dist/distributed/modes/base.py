@@ -61,7 +61,11 @@ LR_SCALING = Option("lr_scaling", str, "linear", "the learning rate of N workers
 LR_WARMUP = Option("lr_warmup", float, lr_scaling.WARMUP_SHARE, "gradual warmup: the scaled rate starts at the "
                    "solver's own and climbs by one solver's rate every LR_WARMUP x max_iter merges (0: no warmup)",
                    lr_scaling.check_warmup)
-SCALING = (LR_SCALING, LR_WARMUP)
+LARS = Option("lars", float, None, "LARS's trust coefficient: the scaled rate of each blob is clipped to at most "
+              "LARS x |w| / |g| (never below the solver's own): a layer-wise limit on what scaling adds (You et al. "
+              "2017, as NVIDIA's LARC clips); off by default, as Caffe's solvers have no layer-wise rate",
+              lambda value: None if value > 0 else "must be positive, got %s" % value)
+SCALING = (LR_SCALING, LR_WARMUP, LARS)
 OVERLAP = Option("overlap", bool, None, "workers compute their next round while the last result travels (--overlap, "
                  "the default but in gradient-only) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
 
