@@ -22,7 +22,7 @@ from pycaffe_dist.net.info import format_table
 from pycaffe_dist.net.net import Net
 from pycaffe_dist.proto import caffe_pb2
 
-ZOO = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "zoo"
+ZOO = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "zoo"
 NETS = ["KaimingHe_deep-residual-networks/prototxt/ResNet-152-deploy.prototxt",
         "KaimingHe_deep-residual-networks/prototxt/ResNet-50-deploy.prototxt",
         "bvlc/models/bvlc_googlenet/deploy.prototxt"]

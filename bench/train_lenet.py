@@ -16,7 +16,7 @@ thread counts 1; torch.set_num_threads(1); `dist_caffe train --threads 1`). This
   history): diff += weight_decay * decay_mult * w; history = momentum * history + lr * lr_mult * diff; w -= history,
   with lr_mult and decay_mult from the net's param specs (lr_mult 2 on biases; decay_mult 1 on every blob, as
   lenet_train_test sets none), lr from the inv policy base_lr * (1 + gamma * iter) ^ -power; tests at the same
-  iterations as Caffe. Started from Caffe's init.caffemodel (../shared/golden/training/lenet_fashion_mnist) it
+  iterations as Caffe. Started from Caffe's init.caffemodel (tests/fixtures/golden/training/lenet_fashion_mnist) it
   gives Caffe's first 35 losses within 1e-6 relative; float32 rounding then drifts (1e-3 by iteration 70).
 Wall time is each process's whole run, start-up and the tests included, as the real Caffe's `caffe train` was
 timed: 0.880 test accuracy (+-0.002 over seeds) after 2000 iterations in 49 s with 1 thread on these machines.

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-GOLDEN = SHARED / "golden"
-ZOO = SHARED / "zoo"
+FIXTURES = REPO / "tests" / "fixtures"      # the tests' data: tests/fixtures/README.md says where each came from
+GOLDEN = FIXTURES / "golden"
+ZOO = FIXTURES / "zoo"
 
 
 def load_npz(path):
@@ -17,5 +17,5 @@ def load_npz(path):
 @pytest.fixture
 def golden():
     if not GOLDEN.is_dir():
-        pytest.fail("../shared/golden is missing: tests need the shared fixtures beside the checkout")
+        pytest.fail("tests/fixtures/golden is missing: the checkout is incomplete")
     return GOLDEN

@@ -4,10 +4,12 @@
   see FLOORS), and no import circle exists but the recurrent layers' inner Net;
 - no module reads another module's private names (`x._name` where `_name` is not its own);
 - every Redis call is made in distributed/store.py;
-- every distributed mode option is declared once, in its mode module.
+- every distributed mode option is declared once, in its mode module;
+- nothing reads data from beside the checkout (the tests' data is in tests/fixtures).
 """
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -264,8 +266,8 @@ def test_the_naming_rule_can_fail():
 
 # What solver/solver.py offers the distributed side (its section "what the distributed modes use").
 SOLVER_API = {"weights", "weight_names", "weight_shapes", "set_weights", "read_weights", "images_per_iteration",
-              "step_from", "compute_gradients", "apply_gradients", "test_at", "snapshot_at", "restore", "history_sets", "set_position", "position",
-              "train_net"}
+              "step_from", "compute_gradients", "apply_gradients", "test_at", "snapshot_at", "restore", "history_sets",
+              "set_position", "position", "train_net", "clear_history", "trust"}
 
 
 def solver_uses(source, label):
@@ -286,3 +288,30 @@ def test_the_distributed_side_uses_only_the_solvers_api():
     assert not found, "the distributed side reaches into the Solver:\n" + "\n".join(found)
     assert solver_uses("def f(solver):\n    solver.iter = 3\n    return solver.weights\n", "probe") == \
         ["probe:2 solver.iter"]
+
+
+# What may name the folder beside the checkout: the GPU check unpacks the device kit from it, where there is one.
+BESIDE = re.compile(r"""\.\./shared/(?!gpu-kit)|parent\s*/\s*["']shared["']|/\s*["']shared["']\s*/""")
+
+
+def beside_the_checkout(text):
+    return [line for line in text.splitlines() if BESIDE.search(line)]
+
+
+def test_nothing_reads_data_from_beside_the_checkout():
+    """The tests' data is in tests/fixtures: a plain clone runs the suite with nothing beside it."""
+    root = PACKAGE.parent
+    found = {}
+    for folder in ("pycaffe_dist", "tests", "tools", "bench", ".ci"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".sh", ".yml", ".cfg") or path.name == "run":
+                lines = beside_the_checkout(path.read_text(errors="replace"))
+                if lines and path.resolve() != pathlib.Path(__file__).resolve():
+                    found[str(path.relative_to(root))] = lines
+    assert found == {}
+
+
+def test_the_beside_check_can_fail():
+    assert beside_the_checkout('GOLDEN = REPO.parent / "shared" / "golden"\nx = "../shared/zoo/a"\n') == [
+        'GOLDEN = REPO.parent / "shared" / "golden"', 'x = "../shared/zoo/a"']
+    assert beside_the_checkout('kit = "../shared/gpu-kit"') == []

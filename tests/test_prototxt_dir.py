@@ -35,7 +35,7 @@ DEPLOY = {
     "squeezenet_v1.1_deploy.prototxt": ((10, 3, 227, 227), (10, 1000, 1, 1), 1235496),
 }
 
-# training net -> (Caffe's original in ../shared/zoo, {phase: (source, batch_size)}, mean_file, datum C x H x W)
+# training net -> (Caffe's original in tests/fixtures/zoo, {phase: (source, batch_size)}, mean_file, datum C x H x W)
 TRAINING = {
     "lenet_train_test.prototxt": ("bvlc/examples/mnist/lenet_train_test.prototxt",
                                   {caffe_pb2.TRAIN: ("data/fashion-mnist/train.datumfile", 64),
@@ -50,7 +50,7 @@ TRAINING = {
                                          "data/cifar10/mean.binaryproto", (3, 32, 32)),
 }
 
-# solver -> (Caffe's original in ../shared/zoo, net, snapshot_prefix)
+# solver -> (Caffe's original in tests/fixtures/zoo, net, snapshot_prefix)
 SOLVER_SOURCES = {
     "lenet_solver.prototxt": ("bvlc/examples/mnist/lenet_solver.prototxt", "lenet_train_test.prototxt", "out/lenet"),
     "cifar10_quick_solver.prototxt": ("bvlc/examples/cifar10/cifar10_quick_solver.prototxt",
@@ -69,7 +69,7 @@ SOLVER_SOURCES = {
 def zoo_file(rel):
     path = ZOO / rel
     if not path.is_file():
-        pytest.skip("../shared/zoo/%s is missing" % rel)
+        pytest.fail("tests/fixtures/zoo/%s is missing" % rel)
     return path
 
 

@@ -1,4 +1,4 @@
-"""Every prototxt of ../shared/zoo parses, upgrades and builds (nets), or fails as Caffe would, cleanly."""
+"""Every prototxt of tests/fixtures/zoo parses, upgrades and builds (nets), or fails as Caffe would, cleanly."""
 import json
 import os
 

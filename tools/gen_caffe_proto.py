@@ -1,6 +1,6 @@
 """Regenerate pycaffe_dist/proto/caffe.proto and caffe_pb2.py from Caffe's field table.
 
-The table (../shared/reference/caffe_proto_fields.md) was made by parsing BVLC caffe.proto at commit 9b89154; it
+The table (tests/fixtures/reference/caffe_proto_fields.md) was made by parsing BVLC caffe.proto at commit 9b89154; it
 lists every message, field, number, label, type and default. We write the schema from it (adding our DATUMFILE
 backend) instead of copying Caffe's file, and tests/proto/test_caffe_pb2.py checks the compiled module against the
 table, so the two cannot drift apart silently.
@@ -15,10 +15,10 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "pycaffe_dist" / "proto"
-DEFAULT_TABLE = ROOT.parent / "shared" / "reference" / "caffe_proto_fields.md"
+DEFAULT_TABLE = ROOT / "tests" / "fixtures" / "reference" / "caffe_proto_fields.md"
 SCALARS = {"double", "float", "int32", "int64", "uint32", "uint64", "sint32", "sint64", "fixed32", "fixed64",
            "sfixed32", "sfixed64", "bool", "string", "bytes"}
-# Our one addition to Caffe's schema: the datumfile backend (../shared/reference/datumfile.md).
+# Our one addition to Caffe's schema: the datumfile backend (tests/fixtures/reference/datumfile.md).
 EXTRA_ENUM_VALUES = {("DataParameter", "DB"): [("DATUMFILE", 2)]}
 
 

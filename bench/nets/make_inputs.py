@@ -1,4 +1,4 @@
-"""Write the benchmark copies of model-zoo nets (bench/nets/*_input.prototxt) from ../shared/zoo: their data
+"""Write the benchmark copies of model-zoo nets (bench/nets/*_input.prototxt) from tests/fixtures/zoo: their data
 layers become Input layers of random data and labels (no mirror, crop or mean), batch norm computes batch
 statistics (TRAIN), and a deploy net gets Caffe's SoftmaxWithLoss on its last InnerProduct in place of its
 Softmax. bench/nets.py sets the batch size when it loads them.
@@ -9,7 +9,7 @@ import pathlib
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-ZOO = HERE.parent.parent.parent / "shared" / "zoo"
+ZOO = HERE.parent.parent / "tests" / "fixtures" / "zoo"
 NETS = {   # output stem: (zoo file, input image size, classes)
     "resnet50": ("KaimingHe_deep-residual-networks/prototxt/ResNet-50-deploy.prototxt", 224, 1000),
     "googlenet": ("bvlc/models/bvlc_googlenet/train_val.prototxt", 224, 1000),
@@ -49,7 +49,7 @@ def convert(stem, source, size):
             copy.bottom.append("label")
             copy.top.append("loss")
             copy.ClearField("softmax_param")
-    header = "# bench copy of ../shared/zoo/%s (data -> Input: no mirror, crop or mean; batch norm in TRAIN " \
+    header = "# bench copy of tests/fixtures/zoo/%s (data -> Input: no mirror, crop or mean; batch norm in TRAIN " \
              "computes batch statistics); bench/nets.py sets the batch size\n" % source
     (HERE / ("%s_input.prototxt" % stem)).write_text(header + text_format.MessageToString(out))
 

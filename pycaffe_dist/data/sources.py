@@ -14,7 +14,7 @@ gives a `RecordSource` for any of the three stores:
 `open_writer(path, backend)` creates a store and batches its writes as Caffe's db wrappers do (one LMDB transaction
 or LevelDB write batch per 1000 puts).
 
-The datumfile (SpeeDO's format, BVLC/caffe PR #2193, layout in ../shared/reference/datumfile.md) is a plain file
+The datumfile (SpeeDO's format, BVLC/caffe PR #2193, layout in tests/fixtures/reference/datumfile.md) is a plain file
 of records back to back with no index; we keep an optional index side-file beside it (see `DatumFileSource`) so a
 shard or a skip can seek straight to its records.
 """

@@ -232,8 +232,9 @@ class Master(stop_signals.StopRequests):
             self.critical_said = True
             log.warning("Learning rate: a step at this rate stands for a batch of %d images, past the %d at which "
                         "more workers stopped buying fewer images to accuracy for LeNet on Fashion-MNIST "
-                        "(bench/scaling.py --images): expect more images to accuracy than one process takes, or "
-                        "use fewer workers (or --lr-scaling sqrt)", batch, lr_scaling.CRITICAL_IMAGES)
+                        "(bench/scaling.py --images): expect more images to accuracy than one process takes; "
+                        "--lars 0.02 keeps such a rate stable layer by layer, or use fewer workers",
+                        batch, lr_scaling.CRITICAL_IMAGES)
 
     def reply(self, worker, status, **fields):
         member = self.members.get(worker)
@@ -346,7 +347,9 @@ class Master(stop_signals.StopRequests):
         loss = float(np.mean([m.get("loss", 0.0) for m in messages]))
         self.backoff.check_loss(loss, self.rate_scale())
         self.count += 1
-        self.backoff.keep(self.weights, self.count)
+        if self.backoff.due(self.count) and self.rate_scale() > 1:     # copies to back off to, at a scaled rate
+            self.rule.settle_weights()          # (gossip: W is the workers' mean only once settled)
+            self.backoff.keep(self.weights, self.count)
         self.merged_since_display += 1
         self.losses.append(loss)
         self.losses = self.losses[-max(1, self.param.average_loss):]
@@ -540,7 +543,7 @@ class Master(stop_signals.StopRequests):
                  ", ".join("%s=%s" % kv for kv in sorted(self.options.items())))
         if self.param.test_interval and self.param.test_initialization and self.count == 0:
             self._test()
-        self.backoff.keep(self.weights, self.count, force=True)
+        self.backoff.keep(self.weights, self.count)
         self.rule.start(sorted(self.members, key=int))
 
     def _result(self, worker, message):

@@ -1,7 +1,7 @@
 """Caffe's upgrade rules for old nets (V0, V1, input fields, BatchNorm params) and solvers (solver_type enum).
 
 One function per function of Caffe's src/caffe/util/upgrade_proto.cpp (BVLC master 9b89154), same order, same
-meaning; the rules are summarised in ../shared/reference/caffe_upgrade.md. Everything works on caffe_pb2
+meaning; the rules are summarised in tests/fixtures/reference/caffe_upgrade.md. Everything works on caffe_pb2
 messages in place (or, like Caffe, from an input message into an output message) and copies only fields that
 are set, because presence (has_*) is part of the result.
 

@@ -168,7 +168,7 @@ def hand_built(recs):
 
 
 def note_reader(data):
-    """A reader written from ../shared/reference/datumfile.md alone ("Minimal Python reader")."""
+    """A reader written from tests/fixtures/reference/datumfile.md alone ("Minimal Python reader")."""
     out, pos = [], 0
     while pos + 4 <= len(data):
         (ks,) = struct.unpack("<I", data[pos + 4:pos + 8])

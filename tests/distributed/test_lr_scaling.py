@@ -4,6 +4,8 @@ merges exactly what the solver's own rate merges (today's merges: checked agains
 in this process) while the default scales them."""
 import math
 import re
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +20,8 @@ from pycaffe_dist.errors import DivergedError, PycaffeDistError
 from pycaffe_dist.io.caffemodel import load_weights
 from pycaffe_dist.io.load import read_solver
 from pycaffe_dist.solver.solver import Solver
+
+from .conftest import wait_for_merges
 
 
 def test_the_target_is_the_work_a_merge_takes_by_the_policy():
@@ -85,10 +89,11 @@ def test_local_sgd_counts_its_outer_step():
 def test_backoff_keeps_finite_copies_and_goes_back_to_the_older():
     backoff = lr_scaling.Backoff(max_iter=100)            # a copy every 5 merges
     w = [np.ones((2, 3), np.float32)]
-    backoff.keep(w, 0, force=True)
+    backoff.keep(w, 0)
     for count in range(1, 16):
         w[0] += 1
-        backoff.keep(w, count)
+        if backoff.due(count):
+            backoff.keep(w, count)
     assert [c for c, _ in backoff.copies] == [10, 15]
     w[0][0, 0] = np.nan
     backoff.keep(w, 20)                                    # not finite: not kept
@@ -214,3 +219,28 @@ def test_a_rate_past_the_nets_ceiling_backs_off_instead_of_ending_in_nan(procs, 
     stats = procs.stats()
     assert stats["lr_backoffs"] >= 1 and stats["lr_scale"] <= 2, stats
     assert math.isfinite(stats["loss"]) and stats["loss"] < 1.0, (stats["loss"], log[-3000:])
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_the_rate_follows_the_live_workers_as_they_join_and_leave(procs, make_solver, store_for):
+    """Sync: 2 workers (2 x), a third joins the running job (3 x from its next replies), then one is killed and
+    counted out (2 x again): the master says each change in one line, and the job ends at the rate of the two."""
+    procs.master("follow", make_solver(max_iter=6000), "sync", 2, "--lr-warmup", 0)
+    procs.worker("follow", 0)
+    procs.worker("follow", 1)
+    store = store_for("follow")
+    wait_for_merges(store, 50)
+    third = procs.worker("follow", 2)
+    deadline = time.monotonic() + 60
+    while "Worker 2 joined the running job" not in procs.log("master"):
+        assert time.monotonic() < deadline and procs.procs["master"].poll() is None, procs.log("master")[-3000:]
+        time.sleep(0.1)
+    wait_for_merges(store, store.progress()["count"] + 100)
+    third.send_signal(signal.SIGKILL)       # a round waits for it until its heartbeat lapses: the job goes on
+    procs.check("master", 240)
+    log = procs.log("master")
+    lines = [line for line in log.splitlines() if "Learning rate: the solver's x" in line]
+    assert [re.search(r"x (\d+) \(linear scaling: a merge is worth \d+ of one process's steps with (\d+) live",
+                      line).groups() for line in lines] == [("2", "2"), ("3", "3"), ("2", "2")], lines
+    assert procs.stats()["lr_scale"] == 2.0

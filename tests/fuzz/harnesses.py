@@ -3,7 +3,7 @@
 A harness's `run(data, workdir)` writes the input where the reader expects it and reads it as our code does in
 use (the net, solver or data layer path), so that whatever escapes is what a user would see. Only our own errors
 (PycaffeDistError) may come out; runner.py calls anything else a finding. Seeds are real files from
-../shared/golden and ../shared/zoo, or small stores made here the way our writers (and Caffe's) make them.
+tests/fixtures/golden and tests/fixtures/zoo, or small stores made here the way our writers (and Caffe's) make them.
 """
 import io
 import os

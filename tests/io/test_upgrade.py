@@ -1,5 +1,6 @@
 """pycaffe_dist.io.upgrade against the real Caffe: its upgrade tools' outputs on the whole zoo
-(../shared/golden/upgrade) and the fixtures of Caffe's own test_upgrade_proto.cpp (../shared/zoo/bvlc_upgrade_tests)."""
+(tests/fixtures/golden/upgrade) and the fixtures of Caffe's own test_upgrade_proto.cpp
+(tests/fixtures/zoo/bvlc_upgrade_tests)."""
 import difflib
 import functools
 import json

@@ -1,4 +1,4 @@
-"""Run a golden case of ../shared/golden/layers (one Caffe layer, forward and backward) through our Net.
+"""Run a golden case of tests/fixtures/golden/layers (one Caffe layer, forward and backward) through our Net.
 
 The recipe is the golden README's: build the net in the case's phase, load Caffe's weights, copy the inputs,
 forward, compare every output; then set the output diffs to top_diff.npz (loss tops keep their loss weight),

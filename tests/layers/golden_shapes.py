@@ -1,4 +1,4 @@
-"""Shape checks of one layer against a golden case of ../shared/golden/layers (made by the real Caffe)."""
+"""Shape checks of one layer against a golden case of tests/fixtures/golden/layers (made by the real Caffe)."""
 import json
 
 from pycaffe_dist.io.prototxt import read_text

@@ -1,13 +1,13 @@
-"""caffe.proto and caffe_pb2 against Caffe's field table (../shared/reference/caffe_proto_fields.md)."""
+"""caffe.proto and caffe_pb2 against Caffe's field table (tests/fixtures/reference/caffe_proto_fields.md)."""
 import importlib.util
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from pycaffe_dist.proto import caffe_pb2
-from tests.conftest import REPO, SHARED
+from tests.conftest import FIXTURES, REPO
 
-TABLE = SHARED / "reference" / "caffe_proto_fields.md"
+TABLE = FIXTURES / "reference" / "caffe_proto_fields.md"
 spec = importlib.util.spec_from_file_location("gen_caffe_proto", REPO / "tools" / "gen_caffe_proto.py")
 gen = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gen)

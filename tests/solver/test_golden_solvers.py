@@ -1,4 +1,4 @@
-"""Every solver case of the real Caffe (../shared/golden/solvers): the same losses, learning rates, parameters and
+"""Every solver case of the real Caffe (tests/fixtures/golden/solvers): the same losses, learning rates, parameters and
 history after 10 iterations; Caffe's own .solverstate restores and continues like an uninterrupted run; our
 snapshot files parse with the schema and look like Caffe's; the log lines are Caffe's."""
 import io

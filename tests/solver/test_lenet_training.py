@@ -1,5 +1,5 @@
 """LeNet on Fashion-MNIST with Caffe's lenet_solver from the golden initial weights, against the real Caffe's first
-100 iterations (../shared/golden/training/lenet_fashion_mnist).
+100 iterations (tests/fixtures/golden/training/lenet_fashion_mnist).
 
 The case asks for every loss within 1e-3. That holds to iteration ~48 only, and cannot hold further without
 Caffe's exact operation order: max pooling over Fashion-MNIST's flat backgrounds has near-ties, and any

@@ -1,5 +1,7 @@
 """Asynchronous SGD (SpeeDO's default): every worker result is merged as it arrives, W += delta / staleness (or
-/ --factor), and the worker goes on at once. Workers overlap their exchange with their next round (depth 1)."""
+/ --factor), and the worker goes on at once. Workers overlap their exchange with their next round (depth 1).
+Its workers' rate is the solver's times the typical staleness (or --factor): a result of typical staleness then
+counts as one step of one process, so N workers' results are worth N steps (lr_scaling.py, Rule.merged_work)."""
 from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaWorker, Rule
 
 OPTIONS = (TAU, FACTOR, OVERLAP, COMPRESS) + SCALING

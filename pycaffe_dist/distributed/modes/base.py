@@ -18,7 +18,8 @@ Each mode module says:
                 choose_peer(peers), gossip's only: the worker whose weights to pull instead of W, from the
                 reply's live others (worker.py then reports status 'peer', or 'alone' when there is none)
   Master:       a Rule (below) with start(workers), on_join(w), on_result(w, message), on_lost(w), over the
-                master's MasterView
+                master's MasterView; merged_work(workers), what one of its merges is worth in one process's steps
+                (the linear scaling rule's k: lr_scaling.py), where Rule's does not fit the mode
 """
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
@@ -53,7 +54,7 @@ FACTOR = Option("factor", float, None, "merge each result scaled by 1/FACTOR (de
 COMPRESS = Option("compress", str, "none", "send each result compressed, the rest kept for the next one (error "
                   "feedback): 1bit (sign bits and two means per block of 512 values: 1/28 of the bytes) or "
                   "topk:FRACTION (the largest |values| of each blob: 2 x FRACTION of the bytes)", compression.check)
-# The learning rate of N workers (lr_scaling.py): every data-parallel mode takes these two.
+# The learning rate of N workers (lr_scaling.py): every data-parallel mode takes these three.
 LR_SCALING = Option("lr_scaling", str, "linear", "the learning rate of N workers: linear (the solver's rate times the "
                     "work a merge takes, N batches in sync: the linear scaling rule of Goyal et al. 2017), sqrt (times "
                     "its square root) or none (the solver's rate: N workers' merges add up to one process's step, as "

@@ -5,7 +5,11 @@ centre a worker uses is one round older.
 
 The default moving rate is 0.9 / N for N live workers (counted by the master, sent with every reply, so it
 follows workers that join and leave): the elastic coupling is stable only for beta = N a < 1 (the paper's
-condition), and SpeeDO's 0.5 sat on that bound at 2 workers and was past it from 3 up (NaN at 4 and 8 workers)."""
+condition), and SpeeDO's 0.5 sat on that bound at 2 workers and was past it from 3 up (NaN at 4 and 8 workers).
+
+The learning rate: each worker steps as one process does and the centre follows their mean, which moves as one
+step of N batches per round; so the local rate is the solver's times N (lr_scaling.py), as in sync. The moving
+rate's bound is on N alpha, not on the learning rate, and stays as it is."""
 from .base import OVERLAP, SCALING, TAU, Option, Rule
 
 BETA = 0.9                  # the default N * alpha: inside the stability bound beta < 1, as the paper's runs

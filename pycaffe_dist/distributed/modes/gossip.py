@@ -24,7 +24,11 @@ rate of that count, which stays the same for a worker that joins late. Every tes
 snapshot, the master reads the live workers' weights and tests their mean; a worker that joins starts from that
 mean too. Nothing else is read centrally: no process sees every worker's weights between tests. The master
 writes W (the mean) and its count to Redis only then, so a master restarted with --resume goes on from the count
-of its last test, snapshot or join, and resets the live workers to their mean."""
+of its last test, snapshot or join, and resets the live workers to their mean.
+
+The learning rate: the workers' mean moves by the mean of their steps, one step of N batches per round, so the
+local rate is the solver's times N (lr_scaling.py), as in sync. After a backoff of that rate the workers restart
+from W, the last good mean, none of their own weights averaged in (restart)."""
 import math
 import random
 
@@ -81,7 +85,9 @@ class Master(Rule):
 
     def restart(self, workers, from_weights=False):
         if from_weights:            # W is the last good mean; the workers' own weights may hold NaN: none averaged
-            self.live, self.unsettled = list(workers), False
+            self.live, self.unsettled, self.pending = list(workers), False, []
+            for worker in workers:  # nor may a peer pull them: each publishes its own again after its next round
+                self.master.forget_result(worker)
             Rule.start(self, workers)
         else:                       # a restarted master has no W of its own: their mean, as at its start
             self.start(workers)

@@ -11,7 +11,17 @@ Workers wait for each reply by default (depth 0, Downpour's fetch before every s
 the weights' bytes and the master's update, is on every round: 42 % of a round at 2 workers on LeNet. `--overlap`
 computes the next gradient at the W last pulled while the last one travels: 10 % of a round, but every gradient
 one update staler, and the accuracy pays for it: 0.849 against 0.831 after 1000 merges at 2 workers, 0.84 against
-0.79-0.82 after 2000 at 8 (2 cores), where 0.78 is the least every mode must reach there."""
+0.79-0.82 after 2000 at 8 (2 cores), where 0.78 is the least every mode must reach there.
+
+The learning rate (lr_scaling.py): the master's update runs at the solver's rate times the typical staleness,
+over the gradient's own staleness, so that a typical gradient counts as one step. This is the mode that gains
+least from it. A gradient applied s updates after the W it was computed on is a delayed gradient step, and the
+stable rate of delayed steps falls as 1/s; the solver's momentum adds to the momentum that the delay already
+acts as. The scaled rate meets that bound and backs off, to 1.3-5 x at 8 and 16 workers on LeNet. The images of
+2000 batches then give 0.83 at 8 workers (0.831 with --lr-scaling none, 0.835 sqrt, 0.836 with --lars 0.02) and
+0.80 at 16 (0.792, 0.801). Lowering the master's momentum by what the delay adds (Mitliagkas et al. 2016: m' = 1
+- (1 - m) x the scale, the rate raised to keep a steady gradient's step) did not keep it stable either: 0.829 at
+8 and 0.806 at 16. Choose sync, async or local-sgd to make N workers' images count."""
 from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Rule
 
 OPTIONS = (FACTOR, OVERLAP, COMPRESS) + SCALING

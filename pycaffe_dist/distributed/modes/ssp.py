@@ -3,7 +3,8 @@
 worker may start round k only while k - (rounds completed by the slowest live worker) <= s. Only a worker that
 is too far ahead waits, and only until the slowest catches up; SpeeDO instead stopped everybody at a global
 barrier whenever the spread reached s. The reply to round r allows round r + 1 + depth (depth 1 overlaps an
-exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on)."""
+exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on).
+The learning rate is async's: the solver's times the typical staleness (lr_scaling.py, Rule.merged_work)."""
 from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaWorker, Option, Rule, at_least
 
 MAX_ADVANCE = Option("max_advance", int, 1, "rounds a worker may run ahead of the slowest", at_least(0))

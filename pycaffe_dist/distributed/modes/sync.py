@@ -10,6 +10,9 @@ of its workers have delivered, so the slowest b never hold it up. A straggler's 
 round closed is dropped (the reply says so, and the worker starts again from the new W); its next result counts
 in the round open then.
 
+The learning rate: a round merges the mean of N deltas, one step of a batch N times larger, so the workers' rate
+is the solver's times N (the linear scaling rule, lr_scaling.py): the round is then worth N of one process's steps.
+
 The deltas are summed in the order of the workers' data slots, whatever order they arrive in (SlotOrderSum):
 float32 addition is not associative, and a sum in arrival order made two runs of one job differ in the last bits
 from 3 workers on (and local-sgd's plain averaging could not be held to sync's bit for bit)."""

@@ -3,7 +3,8 @@ its worker's previous completion is among the last N completions, N = max(n, liv
 dropped and the worker starts again from W. A straggler's stale work is thrown away instead of pulling W back.
 The default n = 1 makes the window the live workers: in a round where every worker reports once each result is
 kept, and a worker overtaken by a full round of the others is weeded out; it follows N as workers come and go.
-(SpeeDO had no default: weed-out would not start without one.)"""
+(SpeeDO had no default: weed-out would not start without one.) The learning rate is async's: the solver's times
+the typical staleness of the merged results (lr_scaling.py, Rule.merged_work)."""
 from collections import deque
 
 from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaWorker, Option, Rule, at_least
