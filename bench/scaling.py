@@ -624,22 +624,49 @@ def plot(runs, args, path):
     ax_speed.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     ax_speed.grid(alpha=0.3, which="both")
     ax_speed.legend(fontsize=8)
-    # Images to the target against N: independent of the cores; the flat line at one process's is the goal.
-    for key in kinds:
-        pts = sorted((r["n"], r["images_to_target"]) for r in runs
-                     if series(r) == key and r["kind"] != "single" and r["rc"] == 0 and r["images_to_target"])
-        if pts:
-            ax_images.plot([n for n, _ in pts], [i for _, i in pts], "o-", color=colours[key], label=key)
-    if single[1].get("images_to_target"):
-        ax_images.axhline(single[1]["images_to_target"], color="black", ls="--", lw=0.8, label="1 process")
-    ax_images.set(xlabel="N (workers, ranks)", ylabel="images trained to %.2f test accuracy" % args.target,
-                  xscale="log", title="images to %.2f (missing: not reached)" % args.target)
-    ax_images.set_xticks(counts, [str(n) for n in counts])
-    ax_images.grid(alpha=0.3, which="both")
-    ax_images.legend(fontsize=8)
+    plot_images(ax_images, runs, args, single, counts)
     fig.tight_layout()
     fig.savefig(path)
     print("bench: wrote", path)
+    # The images panel alone, larger: the figure the time-to-accuracy question is about.
+    fig, ax = plt.subplots(figsize=(9, 6))
+    plot_images(ax, runs, args, single, counts)
+    fig.tight_layout()
+    fig.savefig(path.with_name(path.stem + "_images.png"))
+    print("bench: wrote", path.with_name(path.stem + "_images.png"))
+
+
+def plot_images(ax, runs, args, single, counts):
+    """Images to the target against N, per mode: --lr-scaling linear solid, none dashed; a run that did not reach
+    the target is drawn at the images it trained, hollow (or a cross where it failed). Images do not depend on
+    the cores; the flat line at one process's images is the goal."""
+    import matplotlib.pyplot as plt
+    modes = list(dict.fromkeys(r["mode"] or "DDP" for r in runs if r["kind"] != "single"))
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(modes)}
+    total = args.batches * BATCH
+    for key in dict.fromkeys(series(r) for r in runs if r["kind"] != "single"):
+        chosen = sorted((r for r in runs if series(r) == key and r["kind"] != "single"), key=lambda r: r["n"])
+        if not chosen:
+            continue
+        mode = chosen[0]["mode"] or "DDP"
+        style = "--" if chosen[0].get("scaling") == "none" else "-"
+        xs = [r["n"] for r in chosen]
+        ys = [r["images_to_target"] or total for r in chosen]
+        ax.plot(xs, ys, ls=style, color=colours[mode], lw=1.3, label=key)
+        for r, y in zip(chosen, ys):
+            failed = r["rc"] != 0 or r["diverged"]
+            ax.plot(r["n"], y, "x" if failed else "o", color=colours[mode], ms=6,
+                    mfc=colours[mode] if r["images_to_target"] else "none")
+    if single[1].get("images_to_target"):
+        ax.axhline(single[1]["images_to_target"], color="black", ls=":", lw=1, label="1 process")
+    ax.axhline(total, color="grey", lw=0.6)
+    ax.set(xlabel="N (workers, ranks)", ylabel="images trained to %.2f test accuracy" % args.target, xscale="log",
+           title="images to %.2f (solid: --lr-scaling linear, dashed: none; hollow at the top: not reached in %d, "
+                 "x: failed or diverged)" % (args.target, total))
+    ax.title.set_fontsize(8)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, ncol=2)
 
 
 def main():
@@ -662,6 +689,8 @@ def main():
     ap.add_argument("--out", default="out/bench_scaling", help="run directories (relative: to the repo root)")
     ap.add_argument("--plot", help="PNG to write (relative: to the repo root; default <out>.png, "
                     "out/bench_scaling.png); the raw results go to the same name with .json")
+    ap.add_argument("--replot", metavar="JSON", help="draw the plots again from a run's .json (--plot: where), "
+                    "training nothing")
     ap.add_argument("--ddp-child", metavar="SOLVER", help=argparse.SUPPRESS)
     ap.add_argument("--init", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -685,6 +714,10 @@ def main():
     args.out = pathlib.Path(args.out) if os.path.isabs(args.out) else REPO / args.out
     plot_path = pathlib.Path(args.plot) if args.plot else args.out.with_suffix(".png")
     plot_path = plot_path if plot_path.is_absolute() else REPO / plot_path
+    if args.replot:
+        raw = json.loads(pathlib.Path(args.replot).read_text())
+        args.batches, args.threads, args.target = raw["batches"], raw["threads"], raw["target_accuracy"]
+        return plot(raw["runs"], args, plot_path)
     args.cores = len(os.sched_getaffinity(0))
     check_data()
     os.chdir(REPO)                        # the TEST net's data source is relative to the repo root

@@ -29,6 +29,12 @@ Fashion-MNIST, the images of 2000 batches of 64, 2 cores, one run each; test acc
   here. A larger tau lets the workers drift further apart between averages and leaves a short job fewer rounds
   for the outer momentum to build up in (31 at 8 workers over 2000 batches).
 
+With the learning rate of N workers scaled (lr_scaling.py) the workers' rate is the solver's times N (1 - m) / a:
+the outer step's a / (1 - m) makes up the rest of N. Plain averaging with the full N instead (--outer-momentum 0)
+reached 0.85 at 1.44x one process's images at 8 workers, where the default ended at 0.842; but at 16 it backed
+off to 4 x and ended at 0.805, where the default (backed off to 4 x too, its outer momentum still at work) ended
+at 0.841-0.849. The default stays the one that holds at more workers.
+
 The outer momentum v is the master solver's first history set (Caffe's momentum history), so a .solverstate
 snapshot holds it and `dist_caffe master --snapshot S.solverstate` goes on with it; it is saved to Redis with
 each snapshot, and `--resume` takes it from there (the last snapshot's v, or 0 when there was none: logged)."""
