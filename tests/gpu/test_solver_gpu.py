@@ -128,3 +128,20 @@ def test_an_sgd_update_is_two_launches_over_every_parameter(gpu, tmp_path, monke
     cpu, dev = results
     for key in cpu:
         np.testing.assert_allclose(dev[key], cpu[key], err_msg=key, rtol=1e-5, atol=1e-7)
+
+
+def test_lars_clips_a_scaled_rate_on_the_device_as_on_the_cpu(gpu, tmp_path, monkeypatch):
+    """--lars on a GPU worker (Solver._trust_clipped): the blobs' norms come from the device, and the clipped
+    multipliers, hence the weights, are the CPU run's; the clip binds at this scale (the run differs from the
+    unclipped one)."""
+    runs = {}
+    for mode, trust in (("cpu", 0.001), ("gpu", 0.001), ("unclipped", None)):
+        (common.set_mode_gpu if mode == "gpu" else common.set_mode_cpu)()
+        solver = make_solver("sgd_momentum", tmp_path, monkeypatch)
+        solver.trust = trust
+        solver.step_from(0, 4, rate_scale=100.0)
+        runs[mode] = params_of(solver)
+    tol = dict(rtol=1e-5, atol=1e-7) if gpu.name.startswith("emulated") else dict(rtol=1e-4, atol=1e-6)
+    for key in runs["cpu"]:
+        np.testing.assert_allclose(runs["gpu"][key], runs["cpu"][key], err_msg=key, **tol)
+    assert any(not np.allclose(runs["cpu"][key], runs["unclipped"][key]) for key in runs["cpu"])
