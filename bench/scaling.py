@@ -646,8 +646,6 @@ def plot_images(ax, runs, args, single, counts):
     total = args.batches * BATCH
     for key in dict.fromkeys(series(r) for r in runs if r["kind"] != "single"):
         chosen = sorted((r for r in runs if series(r) == key and r["kind"] != "single"), key=lambda r: r["n"])
-        if not chosen:
-            continue
         mode = chosen[0]["mode"] or "DDP"
         style = "--" if chosen[0].get("scaling") == "none" else "-"
         xs = [r["n"] for r in chosen]
@@ -745,8 +743,8 @@ def main():
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, args, plot_path)
     keep = ("name", "kind", "n", "mode", "compress", "threads", "images_per_iter", "max_iter", "every", "rc", "error",
-            "wall_s", "points", "time_to_target_s", "images_to_target", "scaling", "final_accuracy", "diverged", "images_per_s", "master_images_per_s",
-            "exchange_share", "stats")
+            "wall_s", "points", "time_to_target_s", "images_to_target", "scaling", "final_accuracy", "diverged",
+            "images_per_s", "master_images_per_s", "exchange_share", "stats")
     raw = {"batches": args.batches, "every": args.every, "threads": args.threads, "link": args.link,
            "cores": args.cores, "target_accuracy": args.target, "training_s": training_s,
            "runs": [dict({k: run.get(k) for k in keep}, dir=str(run["dir"])) for run in runs]}

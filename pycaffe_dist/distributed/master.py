@@ -345,9 +345,10 @@ class Master(stop_signals.StopRequests):
 
     def merged(self, messages):
         loss = float(np.mean([m.get("loss", 0.0) for m in messages]))
-        self.backoff.check_loss(loss, self.rate_scale())
+        scale = self.rate_scale()
+        self.backoff.check_loss(loss, scale)
         self.count += 1
-        if self.backoff.due(self.count) and self.rate_scale() > 1:     # copies to back off to, at a scaled rate
+        if scale > 1 and self.backoff.due(self.count):     # copies to back off to, at a scaled rate
             self.rule.settle_weights()          # (gossip: W is the workers' mean only once settled)
             self.backoff.keep(self.weights, self.count)
         self.merged_since_display += 1

@@ -331,7 +331,7 @@ class Worker:
                 if outcome.clear_history:
                     # The rate diverged (lr_scaling.Backoff): this round started from weights and momentum that
                     # took part; it is not sent, and the next starts from W with the momentum cleared.
-                    start, in_flight = self._fresh_start(solver, outcome)
+                    start, in_flight = self._fresh_start(solver, outcome), None
                     base, iteration = outcome.version, outcome.iteration
                     continue
             result = self.mode.result(start, x_end, gradients, outcome.pulled, options, outcome.workers)
@@ -346,7 +346,7 @@ class Worker:
                 outcome = future.result()
                 blocked = time.perf_counter() - now
             if outcome.clear_history:         # (without overlap: the result just sent was merged or refused)
-                start, _ = self._fresh_start(solver, outcome)
+                start = self._fresh_start(solver, outcome)
                 base, iteration = outcome.version, outcome.iteration
                 self.stats["rounds"] += 1
                 self.stats["images"] += images
@@ -361,12 +361,13 @@ class Worker:
             round_id += 1
 
     def _fresh_start(self, solver, outcome):
-        """After a reset that clears the history: (W to start from, no exchange in flight)."""
+        """After a reset that clears the history (lr_scaling.Backoff): the solver's momentum and what compression
+        owed are dropped; returns W, where the next round starts."""
         solver.clear_history()
         outcome.clear_history = False
         if self.feedback is not None:
             self.feedback.forget()
-        return outcome.pulled, None
+        return outcome.pulled
 
     def _compressed(self, result, status):
         """The payload of `result` plus what earlier payloads left out (compression.py). `status`: the last reply's;
