@@ -7,6 +7,7 @@ import sys
 
 from ..backend import select
 from ..distributed import modes
+from ..distributed.job import STOPPED_BY_MASTER, modules_flag
 from ..errors import PycaffeDistError
 from . import arguments
 
@@ -32,6 +33,12 @@ def add_mode_flags(parser):
                                 help="%s (modes: %s%s)" % (option.help, used_by, default))
     parser.add_argument("--heartbeat", type=float, default=5.0, help="seconds without a heartbeat after which a "
                         "worker counts as gone (default 5)")
+
+
+def add_python_layers_flag(parser):
+    parser.add_argument("--python-layers", metavar="MODULE[,MODULE]", help="modules this process may import for "
+                        "the Python layers of a job read from Redis (none by default: no code comes from Redis; "
+                        "`train --workers` allows those of its own solver)")
 
 
 def mode_options_given(args):
@@ -145,6 +152,8 @@ def run_launched_job(start, children, master):
         if line.startswith(MASTER_ERROR):
             text = line[len(MASTER_ERROR):]
             master_errors.append(text[len("error: "):] if text.startswith("error: ") else text)
+        elif "] dist_caffe: error: job " in line and STOPPED_BY_MASTER in line:
+            pass                # a worker echoing the master's failure: the launcher's one line is the master's
         else:
             show(line)
     progress = training_log.DistributedProgress(handler) if handler is not None else None
@@ -179,7 +188,8 @@ def cmd_master(args):
                             options=mode_options(args), job=args.job, resume=args.resume, snapshot=args.snapshot,
                             weights=args.weights, threads=args.threads or 1, heartbeat_s=args.heartbeat,
                             join_timeout_s=args.join_timeout, keep=args.keep, max_iter=args.iterations,
-                            stats_path=args.stats, retry_s=args.redis_retry, log=args.log)
+                            stats_path=args.stats, retry_s=args.redis_retry, log=args.log,
+                            python_layers=modules_flag(args.python_layers))
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = Master(settings)
     print("job %s on %s" % (master.job, describe(master.store.urls[0])), file=sys.stderr, flush=True)
@@ -203,7 +213,8 @@ def cmd_worker(args):
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
     choose_process_gpu(args.gpu)
     worker = Worker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
-                    wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry, delay_s=args.delay)
+                    wait_for_job_s=args.wait, worker_id=args.id, retry_s=args.redis_retry, delay_s=args.delay,
+                    python_layers=modules_flag(args.python_layers))
     stats = worker.run()
     by_update = " (W pulled as %d compressed updates, %d times whole)" % (
         stats["pulls_by_update"], stats["whole_pulls"]) if "pulls_by_update" in stats else ""
@@ -227,6 +238,7 @@ def add_verbs(verbs):
     p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), comma-separated to shard")
     p.add_argument("--job", help="job id (default: generated from the solver's name)")
     p.add_argument("--resume", action="store_true", help="continue the job --job from its state on Redis")
+    add_python_layers_flag(p)
     p.add_argument("--snapshot", help=".solverstate to start from (weights, merge count, history)")
     p.add_argument("--weights", help=".caffemodel to start the weights from")
     p.add_argument("--iterations", type=int, help="merges to run (overrides the solver's max_iter)")
@@ -252,6 +264,7 @@ def add_verbs(verbs):
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
                    "(default 60)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
+    add_python_layers_flag(p)
     p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every round: a straggler "
                    "on purpose, for trying out backup workers and weed-out (default 0)")

@@ -6,7 +6,9 @@ import sys
 
 from ..backend import select
 from ..errors import PycaffeDistError
-from .distributed import checked_link, choose_process_gpu, mode_options_given, run_launched_job
+from ..distributed.job import modules_flag
+from .distributed import (add_python_layers_flag, checked_link, choose_process_gpu, mode_options_given,
+                          run_launched_job)
 
 
 def cmd_train_pipeline(args):
@@ -56,7 +58,8 @@ def cmd_stage(args):
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
     choose_process_gpu(args.gpu)
-    stage = Stage(args.redis, args.job, args.stage, threads=args.threads or 1, wait_for_job_s=args.wait)
+    stage = Stage(args.redis, args.job, args.stage, threads=args.threads or 1, wait_for_job_s=args.wait,
+                  python_layers=modules_flag(args.python_layers))
     stats = stage.run()
     print("stage %d: %d iterations, %.1f s computing, %.1f s waiting" % (
         args.stage, stats["iterations"], stats["compute_s"], stats["wait_s"]), file=sys.stderr)
@@ -73,6 +76,7 @@ def add_verbs(verbs):
     p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL, as the master's")
     p.add_argument("--job", help="job id (default: the only job on the server)")
     p.add_argument("--stage", type=int, required=True, help="which stage (0: the data and the first layers)")
+    add_python_layers_flag(p)
     p.add_argument("--threads", type=int, help="CPU threads (default 1)")
     p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "

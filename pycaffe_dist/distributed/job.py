@@ -1,6 +1,10 @@
 """A job's description, as the master publishes it and workers read it: the solver with its train net inlined
 (so that a worker needs nothing but the data paths), the mode and its options, and the learnable blobs' names
-and shapes. JSON, never pickle. And a job's end, as every kind of master ends it (end_job)."""
+and shapes. JSON, never pickle. And a job's end, as every kind of master ends it (end_job).
+
+A spec read from Redis is checked field by field before anything is built from it (check_spec), and a net in it
+that names a Python layer is refused unless its module is on the process's allow-list (--python-layers): importing
+a module is running its code, and no code comes from Redis."""
 import json
 import os
 import secrets
@@ -11,9 +15,17 @@ from google.protobuf import text_format
 from ..errors import StoreError
 from ..io.load import read_net
 from ..proto import caffe_pb2
-from .store import job_ids
+from . import wire
+from .store import describe, job_ids
+from .wire import DamagedData
 
 SPEC_VERSION = 1
+STOPPED_BY_MASTER = "was stopped by its master: "     # a process's line when its master ends the job on a failure
+
+
+def stopped_by_master(job, why):
+    """The error of a worker or stage whose master stopped the job, saying why (the master's own line)."""
+    return StoreError("job %s %s%s" % (job, STOPPED_BY_MASTER, why))
 
 
 def find_job(urls, job):
@@ -52,8 +64,7 @@ def inline_nets(param):
 def worker_solver(solver_text, slot):
     """The solver a worker runs: the job's, without tests, snapshots, display or finetuning files (the master does
     those), with a random seed of its own when the job has one (so that workers' dropout and shuffles differ)."""
-    p = caffe_pb2.SolverParameter()
-    text_format.Parse(solver_text, p)
+    p = parse_text(solver_text, caffe_pb2.SolverParameter(), "the job", "solver")
     for field in ("test_net_param", "test_iter", "test_state", "weights"):
         p.ClearField(field)
     p.test_interval = 0
@@ -72,39 +83,177 @@ def make_spec(param, mode, options, names, shapes, heartbeat_s, workers):
             "heartbeat_s": heartbeat_s, "workers": workers, "cwd": os.getcwd()}
 
 
-def check_spec(spec, where):
+SPEC_KINDS = (None, "sandblaster", "pipeline")
+SPEC_FIELDS = {             # field: (check, required); the kinds' own fields are checked where they are read
+    "solver": wire.required(wire.text(limit=1 << 62)), "mode": wire.required(wire.text()),
+    "options": wire.required(lambda v: v if isinstance(v, dict) else _expected("a JSON object")),
+    "blobs": wire.required(wire.list_of(lambda b: _blob(b), limit=1 << 20)),
+    "heartbeat_s": wire.required(wire.number(0.01, 3600.0)), "workers": wire.required(wire.integer(1, 1 << 20)),
+    "cwd": wire.optional(wire.text(limit=4096)), "depth": wire.optional(wire.integer(0, 1)),
+    "updates": wire.optional(wire.flag),
+}
+
+
+def _names(value):
+    if not isinstance(value, list) or len(value) > 1 << 16 or not all(isinstance(v, str) for v in value):
+        raise ValueError("a list of names")
+    return value
+
+
+def _stage(value):
+    if not isinstance(value, dict):
+        raise ValueError("a list of {range, params} objects")
+    rng = wire.list_of(wire.integer(0, 1 << 20), limit=2)(value.get("range"))
+    if len(rng) != 2 or rng[0] > rng[1]:
+        raise ValueError("a list of {range: [first, last], params} objects")
+    return {"range": rng, "params": wire.list_of(wire.integer(0, 1 << 20))(value.get("params"))}
+
+
+def _cut(value):
+    if not isinstance(value, dict):
+        raise ValueError("a list of {blobs, shapes, needs_diff} objects")
+    blobs = _names(value.get("blobs"))
+    shapes = wire.list_of(wire.list_of(wire.integer(0, 1 << 31), limit=8))(value.get("shapes"))
+    needs = wire.list_of(wire.flag)(value.get("needs_diff"))
+    if not len(blobs) == len(shapes) == len(needs):
+        raise ValueError("a list of {blobs, shapes, needs_diff} objects of one length each")
+    return {"blobs": blobs, "shapes": shapes, "needs_diff": needs}
+
+
+# The fields of the kinds with nets of their own (sandblaster.py, pipeline.py); "net", "feed" and "state" are protobuf
+# texts, parsed (and their Python layers checked) by check_spec.
+KIND_FIELDS = {
+    "sandblaster": {"seed": wire.required(wire.integer(0, (1 << 63) - 1)), "start": wire.required(wire.COUNT)},
+    "pipeline": {"stages": wire.required(wire.list_of(_stage, limit=1 << 10)),
+                 "cuts": wire.required(wire.list_of(_cut, limit=1 << 10)),
+                 "micro_batches": wire.required(wire.integer(1, 1 << 20)), "start": wire.required(wire.COUNT),
+                 "current_step": wire.required(wire.COUNT), "max_iter": wire.required(wire.COUNT)},
+}
+
+
+def _expected(what):
+    raise ValueError(what)
+
+
+def _blob(value):
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ValueError("a list of {name, shape} objects")
+    return {"name": value["name"][:1000], "shape": wire.list_of(wire.integer(0, 1 << 31), limit=8)(value.get("shape"))}
+
+
+def check_spec(spec, where, python_layers=()):
+    """The spec read from key `where`, checked: its version, every common field of its type, a mode this project
+    has with options it takes, a solver text that parses, and no Python layer whose module is not in
+    `python_layers` (the allow-list). DamagedData (one line naming the key and the field) otherwise."""
     if not isinstance(spec, dict) or spec.get("version") != SPEC_VERSION:
-        raise StoreError("%s: not a job spec of this version (%r)" % (where, spec.get("version") if isinstance(
-            spec, dict) else spec))
-    for field in ("solver", "mode", "options", "blobs", "heartbeat_s", "workers"):
+        raise DamagedData("%s: not a job spec of this version (version %s, where %d was expected)" % (
+            where, wire.shown(spec.get("version") if isinstance(spec, dict) else spec), SPEC_VERSION))
+    checked = dict(spec)
+    if spec.get("kind") not in SPEC_KINDS:
+        raise DamagedData("%s: the job spec's kind is %s, where one of %s was expected"
+                          % (where, wire.shown(spec.get("kind")), ", ".join(map(str, SPEC_KINDS))))
+    for field, (check, required) in dict(SPEC_FIELDS, **KIND_FIELDS.get(spec.get("kind"), {})).items():
         if field not in spec:
-            raise StoreError("%s: the job spec has no %r" % (where, field))
-    return spec
+            if required:
+                raise DamagedData("%s: the job spec has no %r" % (where, field))
+            continue
+        try:
+            checked[field] = check(spec[field])
+        except ValueError as exc:
+            raise DamagedData("%s: the job spec's %r is %s, where %s was expected"
+                              % (where, field, wire.shown(spec[field]), exc)) from None
+    nets = []
+    if spec.get("kind") is not None:
+        checked["state"] = parse_text(spec.get("state"), caffe_pb2.NetState(), where, "state")
+        nets = [parse_text(spec.get(field), caffe_pb2.NetParameter(), where, field) for field in ("net", "feed")]
+        checked["net"], checked["feed"] = nets
+    if spec.get("kind") is None:
+        from .modes import resolve_options
+        try:
+            checked["options"] = resolve_options(checked["mode"], checked["options"])
+        except Exception as exc:            # a type() of a value of the wrong type, an unknown option or mode
+            raise DamagedData("%s: the job spec's mode and options are not this project's: %s" % (where, exc)) \
+                from None
+    solver = solver_of(checked, where)
+    if python_layers is not None:           # (None: a display, which builds nothing)
+        check_python_layers(solver_nets(solver) + nets, where, python_layers)
+    return checked
 
 
-def wait_for_spec(store, job, wait_s, kind, what):
-    """The job's spec once its master has published it (waiting up to wait_s), checked. Its "kind" (absent for the
-    data-parallel modes, "pipeline", "sandblaster") must be `kind`: a worker of another kind is refused in one line
-    (`what` names the kind expected)."""
+def solver_of(spec, where):
+    """The SolverParameter of a checked spec's solver text (DamagedData when it does not parse)."""
+    return parse_text(spec["solver"], caffe_pb2.SolverParameter(), where, "solver")
+
+
+def parse_text(text, message, where, what):
+    """A protobuf text read from Redis, parsed into `message`; DamagedData naming the key when it does not."""
+    if not isinstance(text, str):
+        raise DamagedData("%s: the job spec's %s is %s, where a protobuf text was expected"
+                          % (where, what, wire.shown(text)))
+    try:
+        return text_format.Parse(text, message)
+    except (text_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise DamagedData("%s: the job spec's %s does not parse: %s" % (where, what, str(exc)[:200])) from None
+
+
+def python_modules(nets):
+    """(layer name, module) of every Python layer of the NetParameters `nets`."""
+    return [(layer.name, layer.python_param.module) for net in nets for layer in net.layer
+            if layer.type == "Python"]
+
+
+def solver_nets(param):
+    """Every NetParameter a solver holds inline."""
+    return [param.net_param, param.train_net_param] + list(param.test_net_param)
+
+
+def trusted_modules(solver_path):
+    """The modules of the Python layers in the user's own solver file (and its nets): what a launcher allows the
+    workers it starts to import (--python-layers)."""
+    from ..io.load import read_solver
+    return sorted({module for _, module in python_modules(solver_nets(inline_nets(read_solver(solver_path))))})
+
+
+def modules_flag(text):
+    """--python-layers MODULE[,MODULE]: the modules a worker may import for a spec's Python layers."""
+    return [m.strip() for m in (text or "").split(",") if m.strip()]
+
+
+def check_python_layers(param_or_nets, where, allowed):
+    """Refuse a Python layer whose module is not in `allowed` (a worker given --python-layers), in the solver (or
+    the nets) of a spec read from Redis."""
+    nets = solver_nets(param_or_nets) if isinstance(param_or_nets, caffe_pb2.SolverParameter) else param_or_nets
+    for layer, module in python_modules(nets):
+        if module not in allowed:
+            raise StoreError("%s: the job's net has a Python layer %r of module %r; a process imports no module "
+                             "named by Redis unless it is given --python-layers %s (a module it trusts)" % (
+                                 where, layer[:100], module[:100], module[:100] or "MODULE"))
+
+
+def wait_for_spec(store, job, wait_s, kind, what, python_layers=()):
+    """The job's spec once its master has published it (waiting up to wait_s), checked (check_spec, with the
+    Python layers' allow-list). Its "kind" (absent for the data-parallel modes, "pipeline", "sandblaster") must be
+    `kind`: a worker of another kind is refused in one line (`what` names the kind expected)."""
     deadline = time.monotonic() + wait_s
     while True:
         spec = store.job_spec()
         if spec is not None:
-            spec = check_spec(spec, "job %s" % job)
+            spec = check_spec(spec, store.key("job"), python_layers)
             if spec.get("kind") != kind:
                 raise StoreError("job %s is not %s: it is of mode %s, whose workers this command does not run"
                                  % (job, what, spec.get("mode")))
             return spec
         if time.monotonic() > deadline:
-            raise StoreError("job %s has not been published on %s within %.0f s" % (job, store.urls[0], wait_s))
+            raise StoreError("job %s has not been published on %s within %.0f s" % (job, describe(store.urls[0]),
+                                                                                      wait_s))
         time.sleep(0.2)
 
 
-def end_job(store, controls, names, wait_s, stats_path=None, summary=None, keep=False):
-    """A master's last act: mark the job done, send stop to each process's control queue, wait up to wait_s for
-    their heartbeats (names) to lapse, write the stats (summary() as JSON) where asked, and remove the job's keys
-    unless `keep`."""
-    stop_processes(store, controls, names, wait_s)
+def end_job(store, controls, names, wait_s, stats_path=None, summary=None, keep=False, why=None):
+    """A master's last act: mark the job done, send stop (with `why`, a failure, if any) to each process's control
+    queue, wait up to wait_s for their heartbeats (names) to lapse, write the stats (summary() as JSON) where asked,
+    and remove the job's keys unless `keep`."""
+    stop_processes(store, controls, names, wait_s, why)
     if stats_path:
         with open(stats_path, "w") as f:
             json.dump(summary(), f, indent=1)
@@ -112,12 +261,14 @@ def end_job(store, controls, names, wait_s, stats_path=None, summary=None, keep=
         store.remove_job()
 
 
-def stop_processes(store, controls, names, wait_s):
-    """Mark the job done, send stop to each process's control queue, and wait up to wait_s until none of the
-    processes `names` beats its heart any more."""
+def stop_processes(store, controls, names, wait_s, why=None):
+    """Mark the job done, send stop to each process's control queue (with `why`: the failure that ends the job, which
+    each process then says as it stops, exiting non-zero), and wait up to wait_s until none of the processes `names`
+    beats its heart any more."""
+    stop = {"status": "stop"} if why is None else {"status": "stop", "why": why[:wire.ERROR_LIMIT]}
+    for queue in controls:                  # before the state: a process that sees "done" finds its stop queued
+        store.reply_to(queue, stop)
     store.finish_job()
-    for queue in controls:
-        store.reply_to(queue, {"status": "stop"})
     deadline = time.monotonic() + wait_s
     names = list(names)
     while names and time.monotonic() < deadline:

@@ -14,6 +14,7 @@ import time
 
 from ..errors import PycaffeDistError, StoreError
 from . import job as jobs
+from . import wire
 from .store import Store, local_address
 
 POLL_S = 0.5                    # seconds a wait for a message blocks before it checks on the job and its master
@@ -36,10 +37,11 @@ class Stopped(Exception):
 
 
 class JobProcess:
-    def __init__(self, urls, job, spec_kind, what, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0):
+    def __init__(self, urls, job, spec_kind, what, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
+                 python_layers=()):
         self.job = jobs.find_job(urls, job)
         self.store = Store(urls, self.job, retry_s)
-        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, spec_kind, what)
+        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, spec_kind, what, python_layers)
         self.heartbeat_s = float(self.spec["heartbeat_s"])
         self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
         self.stopping, self.error = threading.Event(), None
@@ -75,9 +77,12 @@ class JobProcess:
     # --- the master's messages ---------------------------------------------------------------------------------------
 
     def _control(self, message):
-        """A control message: stop ends the process (Stopped), ack clears `unacked`; returns its status."""
-        status = message.get("status")
+        """A control message (checked: wire.CONTROL): stop ends the process (Stopped; a StoreError where the master
+        says why: a failure), ack clears `unacked`; returns its status."""
+        status = message["status"]
         if status == "stop":
+            if message.get("why"):
+                raise jobs.stopped_by_master(self.job, message["why"])
             raise Stopped()
         if status == "ack":
             self.unacked = False
@@ -86,7 +91,7 @@ class JobProcess:
     def _poll_control(self):
         """Every control message waiting, without waiting."""
         while True:
-            message = self.store.next_reply(self.control_queue(), 0)
+            message = self.store.next_reply(self.control_queue(), 0, wire.CONTROL)
             if message is None:
                 return
             self._control(message)
@@ -97,6 +102,7 @@ class JobProcess:
         if self.error is not None:
             raise self.error
         if self.store.job_state() != "running":
+            self._poll_control()                # the master's stop (queued before "done") says why, if it failed
             raise Stopped()
         if self.store.master_alive():
             self.last_master = time.monotonic()

@@ -22,10 +22,11 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 
 from ..errors import PycaffeDistError, StoreError
 from . import links as network
-from .job import new_job_id
+from .job import new_job_id, trusted_modules
 from .store import PASSWORD_ENV, Store, server_answers
 
 log = logging.getLogger("pycaffe_dist.distributed")
@@ -226,6 +227,26 @@ def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_ti
                    stop_timeout_s, link=link)
 
 
+def without_password(urls):
+    """(the comma-separated `urls` without their password, that password), when they all give the same one (or
+    none); (urls, None) otherwise, and when none gives one."""
+    parts = [urllib.parse.urlsplit(u) for u in urls.split(",") if u]
+    passwords = {p.password for p in parts}
+    if len(passwords) != 1 or None in passwords:
+        return urls, None
+    hosts = [(p.username + "@" if p.username else "") + p.netloc.rsplit("@", 1)[1] for p in parts]
+    bare = [urllib.parse.urlunsplit((p.scheme, host, p.path, p.query, p.fragment)) for p, host in zip(parts, hosts)]
+    return ",".join(bare), urllib.parse.unquote(passwords.pop())
+
+
+def _allowing(host_argv, modules):
+    """host_argv, its processes allowed to import `modules` for the spec's Python layers."""
+    def argv(i, redis_url, job):
+        name, args = host_argv(i, redis_url, job)
+        return name, args + ["--python-layers", ",".join(modules)]
+    return argv
+
+
 def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress, sink, stop_timeout_s,
             private_redis=True, link=None, redis_servers=1):
     """What the three kinds of job share: links (if any), private servers, the master (`master_verb`, its settings
@@ -237,6 +258,10 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
         if not private_redis:
             # the namespaces reach only the hub's address, where the private server listens
             raise PycaffeDistError("emulated links need the private redis-server: no --redis with --link")
+    # the workers build their nets from the spec on Redis, which names modules only the user's own files may
+    allowed = trusted_modules(settings.solver) if settings.solver else []
+    if allowed:
+        host_argv = _allowing(host_argv, allowed)
     links, servers, children, on_term = None, [], [], None
     if link is not None and threading.current_thread() is threading.main_thread():
         # root's namespaces outlive us: a SIGTERM (a benchmark's timeout, `kill`) goes through the clean-ups below
@@ -259,6 +284,14 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
             # environment): never on a command line
             env[PASSWORD_ENV] = server.password
             settings = dataclasses.replace(settings, redis=",".join(s.url for s in servers))
+        user_url = settings.redis                               # (with its password: the launcher watches there)
+        if server is None:
+            # a password in the user's own URL(s) goes to the workers in the environment too, not on their command
+            # lines (where `ps` shows it)
+            given, password = without_password(settings.redis)
+            if password is not None:
+                env[PASSWORD_ENV] = password
+                settings = dataclasses.replace(settings, redis=given)
         redis_url, job = settings.redis, settings.job
         python = [sys.executable, "-m", "pycaffe_dist"]
         if links is not None:
@@ -272,7 +305,7 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
             where = links.prefix(i) if links is not None else []
             children.append(Child(name, where + die_with_launcher(signal.SIGTERM) + python + argv, env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
-        watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else redis_url
+        watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else user_url
         return _supervise(children, watch_url, job, progress, stop_timeout_s)
     finally:
         if on_term is not None:

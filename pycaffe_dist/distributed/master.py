@@ -15,6 +15,12 @@ reads them.
 
 A result, a gradient or a merged W that holds NaN or Inf is refused: the job stops with one line, a snapshot of
 the last finite W and a non-zero exit (DivergedError).
+
+What comes from Redis is not trusted (wire.py): the store hands on only messages that pass the inbox's schema, and
+the master refuses, with one warning line, those that say something impossible (a round far ahead of the worker's
+last, an epoch ahead of the job's, a result from a worker that never joined). It holds the job's lease (one master
+per job). However it stops (done, asked, diverged, damaged data, every worker gone, a bug), it snapshots W, tells
+the workers at once and removes the job's keys (unless --keep).
 """
 import dataclasses
 import json
@@ -24,29 +30,32 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from google.protobuf import text_format
 from scipy.linalg.blas import saxpy
 
 from .. import common
-from ..errors import DivergedError, StoreError
+from ..errors import DivergedError, PycaffeDistError, StoreError
 from ..io.load import read_solver
-from ..proto import caffe_pb2
 from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
-from . import compression, lr_scaling, stop_signals
+from . import compression, lr_scaling, stop_signals, wire
 from .broadcast import MasterUpdates
 from . import job as jobs
 from .modes import MODES, resolve_options
 from . import results
 from .results import ResultReader
 from .settings import JsonSettings
-from .store import Store
+from .store import Store, describe
 from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
 STALENESS_WEIGHT = 0.02     # of each result in the running average of the staleness
 HISTORY_EVERY = 50          # gradient-only: merges between saves of the master's history to Redis
+# How far a worker's round may run ahead of its last one seen: it sends its rounds in order and waits for each
+# reply, so a round is its last + 1, or + 2 where a reset answered a result the master never got; one further
+# ahead is forged or replayed, and taken it would make the worker's real results look like re-sends.
+ROUNDS_AHEAD = 4
+LAST_WORDS_RETRY_S = 2.0    # retries of what a process says to Redis as it stops after a failure
 
 
 class ResultLost(Exception):
@@ -73,6 +82,7 @@ class Settings(JsonSettings):
     mode: str = "async"
     options: dict = dataclasses.field(default_factory=dict)
     resume: bool = False
+    python_layers: list = dataclasses.field(default_factory=list)  # modules a resumed job's spec may name
 
 
 class Master(stop_signals.StopRequests):
@@ -86,9 +96,11 @@ class Master(stop_signals.StopRequests):
             self.store = Store(settings.redis, self.job, settings.retry_s)
             spec = self.store.job_spec()
             if spec is None:
-                raise StoreError("job %s: nothing to resume on %s" % (self.job, self.store.urls[0]))
-            spec = jobs.check_spec(spec, "job %s" % self.job)
-            param = text_format.Parse(spec["solver"], caffe_pb2.SolverParameter())
+                raise StoreError("job %s: nothing to resume on %s" % (self.job, describe(self.store.urls[0])))
+            spec = jobs.check_spec(spec, self.store.key("job"), settings.python_layers)
+            # the job's own master may still live: its lease lapses one heartbeat time after it died
+            self.store.claim_master(spec["heartbeat_s"], wait_s=spec["heartbeat_s"] + 1.0)
+            param = jobs.solver_of(spec, self.store.key("job"))
             mode, options, workers = spec["mode"], spec["options"], spec["workers"]
             self.heartbeat_s = spec["heartbeat_s"]
         else:
@@ -100,9 +112,11 @@ class Master(stop_signals.StopRequests):
                 param.weights.append(settings.weights)
             self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
             self.store = Store(settings.redis, self.job, settings.retry_s)
+            self.store.claim_master(self.heartbeat_s)
             if self.store.job_spec() is not None:
+                self.store.release_master()
                 raise StoreError("job %s already exists on %s (resume it with --resume, or choose another --job)"
-                                 % (self.job, self.store.urls[0]))
+                                 % (self.job, describe(self.store.urls[0])))
         if settings.max_iter is not None:
             param.max_iter = settings.max_iter
         self.param, self.mode_name, self.options, self.workers_wanted = param, mode, options, int(workers)
@@ -133,6 +147,8 @@ class Master(stop_signals.StopRequests):
         self.staleness_sum = self.staleness_count = 0
         self.recent_staleness = None            # the staleness of recent results, averaged (typical_staleness)
         self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
+        self.alone_since = None                 # when the last worker left a started job
+        self.stale_results = 0                  # results of an earlier epoch (in flight at a reset), dropped
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
         self.slots = {}                         # worker -> the data slot it was last given
         self.cpu_at_start = None
@@ -415,29 +431,47 @@ class Master(stop_signals.StopRequests):
     def run(self):
         """Serve until max_iter merges (or a stop request); then test, snapshot, stop the workers, clean up."""
         restore = stop_signals.catch(self._request_stop)
-        self.publish()
-        log.info("Job %s: mode %s, waiting for %d worker(s)", self.job, self.mode_name, self.workers_wanted)
         try:
+            self.publish()
+            log.info("Job %s: mode %s, waiting for %d worker(s)", self.job, self.mode_name, self.workers_wanted)
             self._serve()
         except DivergedError as exc:
             self._diverged(exc)
-        except StoreError as exc:
-            # Redis is gone (or the job with it): keep W on disk, so that no merge is lost.
+        except PycaffeDistError as exc:
+            # Redis is gone, the job's data on it damaged, or no worker is left: W goes to disk, so that no merge is
+            # lost, and the workers are told (where Redis still answers).
             model, state = self._snapshot(files_only=True)
+            self._abandon(str(exc))
             raise StoreError("%s; the weights at merge %d are in %s (continue with `dist_caffe master --snapshot "
                              "%s`)" % (exc, self.count, model, state)) from None
+        except BaseException as exc:            # a bug, or a second Ctrl-C: the workers are told all the same
+            self._abandon("the master stopped (%s)" % (type(exc).__name__))
+            raise
         finally:
             restore()
         return self.summary()
 
+    def _abandon(self, why):
+        """The job ends early: tell the workers why and remove the job's keys, as far as Redis still answers (a
+        Redis that is gone was retried already: a few seconds more, not the full --redis-retry)."""
+        self.store.retry_s = min(self.store.retry_s, LAST_WORDS_RETRY_S)
+        try:
+            self._stop_workers(why)
+        except Exception as exc:                # (Redis gone: there is nobody to tell)
+            log.debug("could not stop the workers: %s", exc)
+        try:
+            self._clean_up()
+        except Exception as exc:
+            log.debug("could not clean up: %s", exc)
+
     def _serve(self):
         last_housekeeping = 0.0
         while self.count < self.param.max_iter and not self.stop_requested:
-            batch = self.store.next_messages(POLL_S, 64)
+            batch = self.store.next_messages(POLL_S, 64, wire.INBOX)
             for message in batch:               # the reads of the batch's results begin at once
-                worker = str(message.get("worker"))
-                if message.get("type") == "result" and worker in self.members and self.rule.reads_results and \
-                        int(message.get("epoch", -1)) == self.epoch:
+                worker = message["worker"]
+                if message["type"] == "result" and worker in self.members and self.rule.reads_results and \
+                        message["epoch"] == self.epoch:
                     self.reader.start(worker)
             for message in batch:
                 self._guarded(self._handle, message)
@@ -481,19 +515,14 @@ class Master(stop_signals.StopRequests):
         line (the CLI prints it) and exit non-zero."""
         self.dirty = False                      # W holds no part of the refused merge (or was read back)
         model, _ = self._snapshot(files_only=True)
-        self._stop_workers()
+        self._stop_workers("training diverged")
         self._clean_up()
         raise DivergedError("training diverged in mode %s at merge %d: %s; the last finite weights are in %s (%s)"
                             % (self.mode_name, self.count, exc, model, self.rule.advice)) from None
 
     def _handle(self, message):
-        kind, worker = message.get("type"), str(message.get("worker"))
-        member = self.members.get(worker)
-        if member is not None:
-            member.last_heard = time.monotonic()
-            if member.silent:
-                log.info("Worker %s reports again", worker)
-                member.silent = False
+        """One message of the inbox, checked by the store (wire.INBOX): its fields are there and of their types."""
+        kind, worker = message["type"], message["worker"]
         if kind == "join":
             self._join(worker, message)
         elif kind == "ready":
@@ -504,6 +533,8 @@ class Master(stop_signals.StopRequests):
                 return
             member.ready = True
             self.members[worker] = member
+            self._heard(member)
+            self.alone_since = None
             if self.started:
                 log.info("Worker %s joined the running job", worker)
                 self.rule.on_join(worker)
@@ -512,7 +543,26 @@ class Master(stop_signals.StopRequests):
         elif kind == "result":
             self._result(worker, message)
         elif kind == "leave":
-            self._lost(worker, "left")
+            self._left(worker, message)
+
+    def _heard(self, member):
+        """A message with something new from `member` (a re-send is not: a worker that only sends those is stuck,
+        and is named as such)."""
+        member.last_heard = time.monotonic()
+        if member.silent:
+            log.info("Worker %s reports again", member.id)
+            member.silent = False
+
+    def _left(self, worker, message):
+        """A worker says it stops: with the error that stopped it, if one did. One that found the job's data on
+        Redis damaged ends the job: every worker reads the same W."""
+        error = message.get("error")
+        if message.get("damaged"):
+            raise wire.DamagedData("worker %s found the job's data on Redis damaged: %s" % (worker, error))
+        known = worker in self.members or worker in self.pending
+        self._lost(worker, "left" + (": %s" % error if error else ""))
+        if known and error is None:
+            log.info("Worker %s left; going on with %d worker(s)", worker, len(self.members))
 
     def _join(self, worker, message):
         if worker in self.pending and self.last_reply.get(worker, {}).get("status") == "slot":
@@ -525,10 +575,11 @@ class Master(stop_signals.StopRequests):
         if slot is None or slot in taken:
             slot = next(i for i in range(len(taken) + 1) if i not in taken)
         self.slots[worker] = slot
-        info = {"host": str(message.get("host", "?"))[:200], "pid": int(message.get("pid", 0)), "slot": slot}
+        info = {"host": message.get("host", "?"), "pid": message.get("pid", 0), "slot": slot}
         if message.get("address"):
-            info["address"] = str(message["address"])[:100]
+            info["address"] = message["address"]
         self.pending[worker] = Member(worker, slot, info)
+        self.alone_since = None                 # (a job left without workers has one again)
         self.store.add_member(worker, info)
         self.last_reply[worker] = {"status": "slot", "slot": slot, "shards": self.workers_wanted, "epoch": self.epoch}
         self.store.reply_to(worker, self.last_reply[worker])
@@ -558,19 +609,32 @@ class Master(stop_signals.StopRequests):
         if member is None:
             # Counted out (its heartbeat lapsed: stopped, cut off) or unknown: it joins again and starts from W.
             if worker not in self.pending:
+                if worker not in self.slots:
+                    self.store.refuse("%s: a result from worker %s, which never joined this master (it is told to "
+                                      "join)" % (self.store.key("inbox"), worker))
                 self.store.reply_to(worker, {"status": "rejoin", "reason": "not a member of the job"})
             return
-        if int(message.get("epoch", -1)) != self.epoch:
+        if message["epoch"] != self.epoch:
+            if message["epoch"] > self.epoch:
+                self.store.refuse("%s: a result from worker %s of epoch %d, ahead of the job's %d" % (
+                    self.store.key("inbox"), worker, message["epoch"], self.epoch))
+            else:
+                self.stale_results += 1         # computed before a reset: it was in flight
             return
-        round_id = int(message.get("round", -1))
+        round_id = message["round"]
         if member.last_round is not None and round_id <= member.last_round:
             self._answer_again(worker, round_id)    # sent again (its reply was lost): a worker's rounds count up
             return
+        if member.last_round is not None and round_id > member.last_round + ROUNDS_AHEAD:
+            self.store.refuse("%s: a result from worker %s for round %d, where its last was %d (forged or "
+                              "replayed?)" % (self.store.key("inbox"), worker, round_id, member.last_round))
+            return
+        self._heard(member)
         member.last_round = round_id
-        member.images += int(message.get("images", 0))
+        member.images += message.get("images", 0)
         member.rounds += 1
-        member.compute_s += float(message.get("compute_s", 0.0))
-        member.wait_s += float(message.get("wait_s", 0.0))
+        member.compute_s += message.get("compute_s", 0.0)
+        member.wait_s += message.get("wait_s", 0.0)
         try:
             self.rule.on_result(worker, message)
         except ResultLost:
@@ -588,6 +652,10 @@ class Master(stop_signals.StopRequests):
         if why != "left":
             log.warning("Worker %s %s; going on with %d worker(s)", worker, why, len(self.members))
         self.rule.on_lost(worker)
+        if self.started and not self.members and not self.pending and self.alone_since is None:
+            self.alone_since = time.monotonic()
+            log.warning("No worker is left: waiting up to %.0f s (--join-timeout) for one to join, then stopping "
+                        "with a snapshot", self.join_timeout_s)
 
     def _housekeeping(self):
         if self.store.job_state() is None:
@@ -610,6 +678,9 @@ class Master(stop_signals.StopRequests):
                 member.silent = True
                 log.warning("Worker %s has sent nothing for %.0f s though its heartbeat lives (stuck, or a message "
                             "of its own was lost: it sends it again)", member.id, now - member.last_heard)
+        if self.alone_since is not None and now - self.alone_since > self.join_timeout_s:
+            raise StoreError("job %s: no worker is left, and none joined within %.0f s (--join-timeout)"
+                             % (self.job, self.join_timeout_s))
         if not self.started and time.monotonic() - self.started_at > self.join_timeout_s:
             if not self.members:
                 raise StoreError("job %s: no worker joined within %.0f s" % (self.job, self.join_timeout_s))
@@ -671,10 +742,16 @@ class Master(stop_signals.StopRequests):
         log.info("Workers: %s", self.rates_text())
         self._clean_up()
 
-    def _stop_workers(self):
-        self._published()                       # the last W out before the job says done
+    def _stop_workers(self, why=None):
+        """Stop every worker, and wait up to 10 s for them to go: `why` (a failure) makes each stop with that line
+        and a non-zero exit; without it the job is done."""
+        try:
+            self._published()                   # the last W out before the job says done
+        except PycaffeDistError:
+            if why is None:
+                raise
         ids = list(self.members) + list(self.pending)      # a worker's control queue is its id
-        jobs.stop_processes(self.store, ids, ids, 10.0)
+        jobs.stop_processes(self.store, ids, ids, 10.0, why)
 
     def _clean_up(self):
         self.reader.close()
@@ -721,7 +798,8 @@ class Master(stop_signals.StopRequests):
                     bytes_per_pull=(self.updates.format.nbytes if self.updates is not None
                                     else self.reader.sizes()["float32_bytes_per_result"]),
                     lr_scaling=self.options.get("lr_scaling", "none"), lr_scale=self.rate_scale(),
-                    lr_backoffs=self.backoff.count,
+                    lr_backoffs=self.backoff.count, refused_messages=self.store.refused,
+                    stale_results=self.stale_results,
                     **self.cpu_per_merge(), **self.rule.summary())
 
     def cpu_per_merge(self):

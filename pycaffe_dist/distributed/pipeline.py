@@ -41,6 +41,7 @@ from ..net.net import Net
 from ..proto import caffe_pb2
 from ..solver import updates, updates_gpu
 from .blob_exchange import BlobExchange, host_arrays
+from . import wire
 from .job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
@@ -82,8 +83,10 @@ def state_shapes(spec, stage, history_sets):
 
 
 class Stage(JobProcess):
-    def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0):
-        super().__init__(urls, job, SPEC_KIND, "a pipeline", wait_for_job_s, master_timeout_s, retry_s)
+    def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
+                 python_layers=()):
+        super().__init__(urls, job, SPEC_KIND, "a pipeline", wait_for_job_s, master_timeout_s, retry_s,
+                         python_layers)
         self.index, self.stages = int(stage), len(self.spec["stages"])
         if not 0 <= self.index < self.stages:
             raise PycaffeDistError("job %s has stages 0 to %d, not %d" % (self.job, self.stages - 1, self.index))
@@ -102,8 +105,8 @@ class Stage(JobProcess):
         self.param = text_format.Parse(spec["solver"], caffe_pb2.SolverParameter())
         if self.param.random_seed >= 0:
             common.set_random_seed(self.param.random_seed)   # the layers' random streams, keyed as in one process
-        state = text_format.Parse(spec["state"], caffe_pb2.NetState())
-        self.net = Net(text_format.Parse(spec["net"], caffe_pb2.NetParameter()), state=state, fill_params=False)
+        state = spec["state"]                       # (parsed by job.check_spec, as "net" and "feed")
+        self.net = Net(spec["net"], state=state, fill_params=False)
         self.micro = int(spec["micro_batches"])
         self.first, self.last = spec["stages"][self.index]["range"]
         cuts = spec["cuts"]
@@ -111,7 +114,7 @@ class Stage(JobProcess):
         self.outputs = cuts[self.index] if self.index < self.stages - 1 else None
         self.feed = None
         if self.index == 0:
-            self.feed = Net(text_format.Parse(spec["feed"], caffe_pb2.NetParameter()), state=state)
+            self.feed = Net(spec["feed"], state=state)
             self.feed_tops = [self.feed.blob_names[i] for ids in self.feed.top_ids for i in ids]
         # the crossing blobs, sent and received through host arrays allocated once (blob_exchange.py)
         blob = self.net.blob_by_name
@@ -185,7 +188,8 @@ class Stage(JobProcess):
             if queue == self.name and self.pending is not None:
                 message, self.pending = self.pending, None
             else:
-                message = self.store.next_reply(queue, POLL_S)
+                message = self.store.next_reply(queue, POLL_S, wire.CONTROL if queue == control_queue(self.index)
+                                                else wire.FLOW)
             if queue == self.name:
                 self.waited_s += time.monotonic() - started
                 started = time.monotonic()

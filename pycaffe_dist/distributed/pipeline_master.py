@@ -24,9 +24,9 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import pipeline as stages
-from . import stop_signals
+from . import stop_signals, wire
 from .settings import JsonSettings
-from .store import Store
+from .store import Store, describe
 from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
@@ -104,7 +104,9 @@ class PipelineMaster(stop_signals.StopRequests):
         self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
         self.store = Store(settings.redis, self.job, settings.retry_s)
         if self.store.job_spec() is not None:
-            raise StoreError("job %s already exists on %s (choose another --job)" % (self.job, self.store.urls[0]))
+            raise StoreError("job %s already exists on %s (choose another --job)" % (self.job,
+                                                                                    describe(self.store.urls[0])))
+        self.store.claim_master(settings.heartbeat_s)
         self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
         self.ready, self.reports, self.states, self.finals = {}, {}, {}, {}
         self.stage_stats = {s: {"compute_s": 0.0, "wait_s": 0.0, "iterations": 0} for s in range(self.K)}
@@ -140,8 +142,9 @@ class PipelineMaster(stop_signals.StopRequests):
                                                     self.solver.train_net.layer_names[b])
                                for s, (a, b) in enumerate(self.partition.ranges)))
             self._serve()
-        except BaseException:
-            self._end(failed=True)
+        except BaseException as exc:
+            self._end(failed=True, why=str(exc) if isinstance(exc, PycaffeDistError) else
+                      "the master stopped (%s)" % type(exc).__name__)
             raise
         finally:
             restore()
@@ -153,7 +156,7 @@ class PipelineMaster(stop_signals.StopRequests):
             if self.stop_requested and not self.halt_sent:
                 self.store.reply_to(stages.control_queue(0), {"status": "halt"})
                 self.halt_sent = True
-            message = self.store.next_message(POLL_S)
+            message = self.store.next_message(POLL_S, wire.PIPELINE_INBOX)
             if message is not None and self._handle(message):
                 break
             if time.monotonic() - last_check > 0.25:
@@ -162,17 +165,18 @@ class PipelineMaster(stop_signals.StopRequests):
         self._finish()
 
     def _handle(self, message):
-        """Handle one message; True when the stages are all done."""
-        kind, stage = message.get("type"), int(message.get("stage", -1))
-        if not 0 <= stage < self.K:
+        """Handle one message (checked by the store: wire.PIPELINE_INBOX); True when the stages are all done."""
+        kind, stage = message["type"], message["stage"]
+        if stage >= self.K:
+            self.store.refuse("%s: a %s message from stage %d of a pipeline of %d" % (self.store.key("inbox"), kind,
+                                                                                     stage, self.K))
             return False
         if kind == "error":
             raise PycaffeDistError("stage %d: %s" % (stage, message.get("error")))
         if kind == "ready":
             if stage not in self.ready:
-                log.info("Stage %d ready on %s%s (pid %s)", stage, str(message.get("host", "?"))[:200],
-                         " at " + str(message["address"])[:100] if message.get("address") else "",
-                         message.get("pid", "?"))
+                log.info("Stage %d ready on %s%s (pid %s)", stage, message.get("host", "?"),
+                         " at " + message["address"] if message.get("address") else "", message.get("pid", "?"))
             self.ready[stage] = message
             if len(self.ready) == self.K:
                 self.started = True
@@ -183,7 +187,7 @@ class PipelineMaster(stop_signals.StopRequests):
         elif kind == "iteration":
             self._reported(stage, message)
         elif kind == "state":
-            count = int(message["count"])
+            count = message["count"]
             if not message.get("again"):
                 self.store.get_result(stages.state_blobs(stage), [a.shape for a in self._state_arrays(stage)],
                                       out=self._state_arrays(stage))
@@ -201,10 +205,10 @@ class PipelineMaster(stop_signals.StopRequests):
         return False
 
     def _reported(self, stage, message):
-        it = int(message["iter"])
+        it = message["iter"]
         stats = self.stage_stats[stage]
-        stats["compute_s"] += float(message.get("compute_s", 0.0))
-        stats["wait_s"] += float(message.get("wait_s", 0.0))
+        stats["compute_s"] += message.get("compute_s", 0.0)
+        stats["wait_s"] += message.get("wait_s", 0.0)
         stats["iterations"] += 1
         reports = self.reports.setdefault(it, {})
         reports[stage] = message
@@ -278,12 +282,13 @@ class PipelineMaster(stop_signals.StopRequests):
         log.info("Stages: %s", self.stages_text())
         self._end(failed=False)
 
-    def _end(self, failed):
-        """Tell the stages to stop, wait a little for them to go, write the stats, remove the job's keys."""
+    def _end(self, failed, why=None):
+        """Tell the stages to stop (with `why`, a failure), wait a little for them to go, write the stats, remove
+        the job's keys."""
         try:
             jobs.end_job(self.store, [stages.control_queue(s) for s in range(self.K)],
                          [stages.flow_queue(s) for s in range(self.K)], 2.0 if failed else 10.0,
-                         self.settings.stats_path, self.summary, self.settings.keep)
+                         self.settings.stats_path, self.summary, self.settings.keep, why)
         except StoreError:
             if not failed:
                 raise
@@ -312,6 +317,6 @@ class PipelineMaster(stop_signals.StopRequests):
 
     def summary(self):
         return dict(self.progress(), stages=self.K, micro_batches=self.micro, tests=self.test_results,
-                    ranges=self.partition.ranges, stage_stats=self.stage_stats,
+                    ranges=self.partition.ranges, stage_stats=self.stage_stats, refused_messages=self.store.refused,
                     # the activations forward and their gradients back across every cut, per batch
                     bytes_per_iteration=sum(c.bytes_forward() + c.bytes_backward() for c in self.partition.cuts))

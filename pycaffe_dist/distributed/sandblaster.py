@@ -35,13 +35,12 @@ The job's keys it uses are the store's (store.py):
 import logging
 import time
 
-from google.protobuf import text_format
 
 from .. import common
 from ..errors import StoreError
 from ..net.net import Net
-from ..proto import caffe_pb2
 from .blob_exchange import BlobExchange
+from . import wire
 from .job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
@@ -72,8 +71,9 @@ class Held:
 
 class SandblasterWorker(JobProcess):
     def __init__(self, urls, job=None, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
-                 worker_id=None, delay_s=0.0):
-        super().__init__(urls, job, SPEC_KIND, "a Sandblaster job", wait_for_job_s, master_timeout_s, retry_s)
+                 worker_id=None, delay_s=0.0, python_layers=()):
+        super().__init__(urls, job, SPEC_KIND, "a Sandblaster job", wait_for_job_s, master_timeout_s, retry_s,
+                         python_layers)
         self.threads, self.delay_s = threads, delay_s      # delay: seconds after every unit, a straggler on purpose
         self.id = self.name = self.store.claim_worker_id(worker_id)
         self.stats = {"units": 0, "batches": 0, "pushes": 0, "compute_s": 0.0}
@@ -84,10 +84,10 @@ class SandblasterWorker(JobProcess):
         spec = self.spec
         common.set_num_threads(self.threads)
         # One seed for every worker: see the docstring
-        common.set_random_seed(int(spec["seed"]))
-        state = text_format.Parse(spec["state"], caffe_pb2.NetState())
-        self.net = Net(text_format.Parse(spec["net"], caffe_pb2.NetParameter()), state=state, fill_params=False)
-        self.feed = Net(text_format.Parse(spec["feed"], caffe_pb2.NetParameter()), state=state)
+        common.set_random_seed(spec["seed"])
+        state = spec["state"]                       # (parsed by job.check_spec, as "net" and "feed")
+        self.net = Net(spec["net"], state=state, fill_params=False)
+        self.feed = Net(spec["feed"], state=state)
         self.feed_tops = [self.feed.blob_by_name(name) for name in
                           [self.feed.blob_names[i] for ids in self.feed.top_ids for i in ids]]
         self.inputs = [self.net.blob_by_name(name) for name in
@@ -128,7 +128,7 @@ class SandblasterWorker(JobProcess):
 
     def _wait_for_ack(self):
         while self.unacked:
-            message = self.store.next_reply(self.id, POLL_S)
+            message = self.store.next_reply(self.id, POLL_S, wire.CONTROL)
             if message is None:
                 self._check_master()
             else:
@@ -172,20 +172,20 @@ class SandblasterWorker(JobProcess):
         self.net.clear_param_diffs()
         while True:
             self._poll_control()
-            unit = self.store.next_reply(UNITS, 0 if held.units else POLL_S)
+            unit = self.store.next_reply(UNITS, 0 if held.units else POLL_S, wire.UNIT)
             if unit is None:
                 if held.units:
                     held = self._push(held)         # the queue has nothing more: the master waits for these
                 else:
                     self._check_master()
                 continue
-            evaluation = int(unit["eval"])
+            evaluation = unit["eval"]
             if evaluation < newest:
                 continue                            # a copy of a unit whose evaluation is over
             if held.units and held.evaluation != evaluation:
                 held = self._push(held)
             self.store.send_to_master({"type": "taken", "worker": self.id, "eval": evaluation,
-                                       "unit": int(unit["unit"])})
+                                       "unit": unit["unit"]})
             if point != evaluation:
                 point = self._pull()
                 newest = max(newest, point)
@@ -198,7 +198,7 @@ class SandblasterWorker(JobProcess):
             seconds = time.perf_counter() - started
             held.add(unit, loss, seconds)
             self.stats["units"] += 1
-            self.stats["batches"] += int(unit["count"])
+            self.stats["batches"] += unit["count"]
             self.stats["compute_s"] += seconds
 
     def _main(self):

@@ -47,9 +47,9 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import sandblaster as workers
-from . import stop_signals
+from . import stop_signals, wire
 from .settings import JsonSettings
-from .store import Store
+from .store import Store, describe
 from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
@@ -133,7 +133,9 @@ class SandblasterMaster(stop_signals.StopRequests):
         self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
         self.store = Store(settings.redis, self.job, settings.retry_s)
         if self.store.job_spec() is not None:
-            raise StoreError("job %s already exists on %s (choose another --job)" % (self.job, self.store.urls[0]))
+            raise StoreError("job %s already exists on %s (choose another --job)" % (self.job,
+                                                                                    describe(self.store.urls[0])))
+        self.store.claim_master(settings.heartbeat_s)
         self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
         self.members = {}               # live workers: id -> what they said when ready
         self.counts = {}                # id -> {"units", "batches", "compute_s", "pushes"}
@@ -164,8 +166,9 @@ class SandblasterMaster(stop_signals.StopRequests):
             self._train()
         except DivergedError as exc:
             self._diverged(exc)
-        except BaseException:
-            self._end(failed=True)
+        except BaseException as exc:
+            self._end(failed=True, why=str(exc) if isinstance(exc, PycaffeDistError) else
+                      "the master stopped (%s)" % type(exc).__name__)
             raise
         finally:
             restore()
@@ -173,7 +176,7 @@ class SandblasterMaster(stop_signals.StopRequests):
 
     def _wait_for_workers(self):
         while len(self.members) < self.settings.workers:
-            for message in self.store.next_messages(POLL_S, 64):
+            for message in self.store.next_messages(POLL_S, 64, wire.SANDBLASTER_INBOX):
                 self._handle(message)
             self._housekeeping()
             if time.monotonic() - self.started_at > self.settings.join_timeout_s:
@@ -252,13 +255,14 @@ class SandblasterMaster(stop_signals.StopRequests):
         number = self.evaluations
         self.store.put_weights(self.views(x), number, self.count)
         B, b = self.settings.sample_batches, self.settings.unit_batches
-        units = [{"eval": number, "unit": u, "first": sample + first, "count": min(b, B - first), "sample": sample}
+        units = [{"type": "unit", "eval": number, "unit": u, "first": sample + first, "count": min(b, B - first),
+                  "sample": sample}
                  for u, first in enumerate(range(0, B, b))]
         self.evaluation = Evaluation(number, units, x.size)
         self.store.reply_to_each([(workers.UNITS, unit) for unit in units])
         self.last_message = time.monotonic()
         while self.evaluation.pending:
-            for message in self.store.next_messages(POLL_S, 64):
+            for message in self.store.next_messages(POLL_S, 64, wire.SANDBLASTER_INBOX):
                 self._handle(message)
             if time.monotonic() - self.last_housekeeping > 0.25:
                 self._housekeeping()
@@ -276,20 +280,27 @@ class SandblasterMaster(stop_signals.StopRequests):
             self.store.reply_to_each([(workers.UNITS, e.units[u]) for u in sorted(units)])
 
     def _handle(self, message):
+        """One message of the inbox, checked by the store (wire.SANDBLASTER_INBOX)."""
         self.last_message = time.monotonic()
-        kind, worker = message.get("type"), str(message.get("worker"))
+        kind, worker = message["type"], message["worker"]
         e = self.evaluation
         if kind == "error":
             raise PycaffeDistError("worker %s: %s" % (worker, message.get("error")))
+        if kind in ("taken", "sums") and message["eval"] > self.evaluations:
+            self.store.refuse("%s: a %s message from worker %s for evaluation %d, which has not begun (%d is the "
+                              "latest)" % (self.store.key("inbox"), kind, worker, message["eval"], self.evaluations))
+            return
         if kind == "ready":
             self._joined(worker, message)
         elif kind == "leave":
+            if message.get("error"):
+                log.warning("Worker %s left: %s", worker, message["error"])
             self.members.pop(worker, None)
             if e is not None:
                 self._hand_out_again({u for u in e.pending if e.holders.get(u) == worker}, "worker %s left" % worker)
         elif kind == "taken":
             self._joined(worker, message)
-            if e is not None and int(message["eval"]) == e.number and message["unit"] in e.pending:
+            if e is not None and message["eval"] == e.number and message["unit"] in e.pending:
                 e.holders[message["unit"]] = worker
         elif kind == "sums":
             self._joined(worker, message)
@@ -298,7 +309,7 @@ class SandblasterMaster(stop_signals.StopRequests):
     def _joined(self, worker, message):
         """A worker heard from: counted in (again, if its heartbeat had lapsed)."""
         if worker not in self.members:
-            info = {k: str(message[k])[:200] for k in ("host", "address", "pid") if message.get(k)}
+            info = {k: message[k] for k in ("host", "address", "pid") if message.get(k) is not None}
             self.members[worker] = info
             self.counts.setdefault(worker, {"units": 0, "batches": 0, "pushes": 0, "compute_s": 0.0})
             self.store.add_member(worker, info)
@@ -310,8 +321,8 @@ class SandblasterMaster(stop_signals.StopRequests):
         """A push of sums: added when every unit in it is still wanted; otherwise (some were summed already, from
         a copy handed out again) dropped whole, since a sum cannot be taken apart, and its other units go out
         again."""
-        e, units = self.evaluation, [int(u) for u in message["units"]]
-        if e is None or int(message["eval"]) != e.number:
+        e, units = self.evaluation, message["units"]
+        if e is None or message["eval"] != e.number:
             self.store.reply_to(worker, {"status": "ack"})
             return
         if not set(units) <= e.pending:
@@ -319,19 +330,22 @@ class SandblasterMaster(stop_signals.StopRequests):
             self._hand_out_again({u for u in units if u in e.pending and e.holders.get(u) in (None, worker)},
                                  "worker %s's sums held units summed already" % worker)
             return
-        self.store.get_result(workers.sums_owner(worker), self.shapes, out=self.views(self.scratch))
+        if self.store.get_result(workers.sums_owner(worker), self.shapes, out=self.views(self.scratch),
+                                 missing_ok=True) is None:
+            self.store.refuse("%s: sums from worker %s, which has none on Redis" % (self.store.key("inbox"), worker))
+            return
         self.store.reply_to(worker, {"status": "ack"})
         e.gradient += self.scratch
-        e.loss += float(message["loss"])
-        e.batches += int(message["batches"])
+        e.loss += message["loss"]
+        e.batches += message["batches"]
         e.pending -= set(units)
         counts = self.counts[worker]
         counts["units"] += len(units)
-        counts["batches"] += int(message["batches"])
+        counts["batches"] += message["batches"]
         counts["pushes"] += 1
-        counts["compute_s"] += float(message.get("compute_s", 0.0))
+        counts["compute_s"] += message.get("compute_s", 0.0)
         if units:
-            self.slowest_unit_s = max(self.slowest_unit_s, float(message.get("compute_s", 0.0)) / len(units))
+            self.slowest_unit_s = max(self.slowest_unit_s, message.get("compute_s", 0.0) / len(units))
 
     def _housekeeping(self):
         self.last_housekeeping = time.monotonic()
@@ -392,17 +406,18 @@ class SandblasterMaster(stop_signals.StopRequests):
     def _diverged(self, exc):
         """Keep x, the last finite point, on disk; stop the workers, leave no key; one line, non-zero exit."""
         model = self._snapshot()
-        self._end(failed=True)
+        self._end(failed=True, why="training diverged")
         raise DivergedError("training diverged in mode sandblaster at iteration %d: %s; the last finite weights are "
                             "in %s (the line search takes only finite points of its own sample: a new sample gave "
                             "this one; check the data, or give a larger --sample-batches)" % (self.count, exc, model)) \
             from None
 
-    def _end(self, failed):
-        """Tell the workers to stop, wait a little for them to go, write the stats, remove the job's keys."""
+    def _end(self, failed, why=None):
+        """Tell the workers to stop (with `why`, a failure), wait a little for them to go, write the stats, remove
+        the job's keys."""
         try:
             jobs.end_job(self.store, list(self.counts), list(self.counts), 2.0 if failed else 10.0,
-                         self.settings.stats_path, self.summary, self.settings.keep)
+                         self.settings.stats_path, self.summary, self.settings.keep, why)
         except StoreError:
             if not failed:
                 raise
@@ -432,6 +447,7 @@ class SandblasterMaster(stop_signals.StopRequests):
         return dict(self.progress(), evaluations=self.evaluations, batches=self.batches_done,
                     images=self.batches_done * self.batch, tests=self.test_results, units=self.counts,
                     restarts=self.log_lines["restarts"], skipped_pairs=self.log_lines["skipped"],
+                    refused_messages=self.store.refused,
                     options=self.spec["options"],
                     # a worker's push per evaluation: its sums, float32 (as the data-parallel modes' results)
                     bytes_per_result=self.x.nbytes, float32_bytes_per_result=self.x.nbytes)

@@ -4,6 +4,7 @@ the snapshots the master wrote. Without --job, every job on the server, one line
 import json
 
 from ..errors import StoreError
+from .job import check_spec
 from .store import Store, describe, job_ids
 
 
@@ -12,8 +13,9 @@ def job_status(store):
     spec = store.job_spec()
     if spec is None:
         return None
+    spec = check_spec(spec, store.key("job"), python_layers=None)     # (nothing is built from it here)
     state = store.job_state()
-    progress = store.progress() or {}
+    progress = _checked_progress(store.progress())
     members = store.members()
     ids = sorted(members, key=int)
     alive = dict(zip(ids, store.workers_alive(ids)))
@@ -24,6 +26,24 @@ def job_status(store):
             "count": progress.get("count", 0), "max_iter": progress.get("max_iter"),
             "loss": progress.get("loss"), "exchange_share": progress.get("exchange_share"),
             "test": progress.get("test"), "snapshots": progress.get("snapshots", []), "workers": workers}
+
+
+def _checked_progress(progress):
+    """The master's progress as the display needs it: a field of another type (damaged, or forged) is left out."""
+    progress = dict(progress) if isinstance(progress, dict) else {}
+    kinds = {"count": int, "max_iter": int, "loss": float, "exchange_share": float, "test": dict,
+             "snapshots": list, "workers": dict}
+    for field, kind in kinds.items():
+        value = progress.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float) if kind is float
+                                                                              else kind)):
+            progress.pop(field)
+    if progress.get("test") is not None and not (isinstance(progress["test"].get("iter"), int) and
+                                                 isinstance(progress["test"].get("scores"), dict)):
+        progress.pop("test")
+    progress["workers"] = {w: r for w, r in progress.get("workers", {}).items() if isinstance(r, (int, float))}
+    progress["snapshots"] = [str(s)[:1000] for s in progress.get("snapshots", [])]
+    return progress
 
 
 def format_status(status):

@@ -20,15 +20,17 @@ Every Redis call of the package is made here, and every key a job writes, under 
                       leave), emptied as the job is published                     publish_job
   go:{w}              list: JSON replies to worker w (slot, welcome, merged,      reply_to(_each), next_reply
                       dropped, reset, stop)
-  hb:{w}, master      heartbeat keys with a TTL                                   worker_heartbeat, master_heartbeat,
-                                                                                  workers_alive, master_alive
+  hb:{w}              a worker's heartbeat: a key with a TTL                      worker_heartbeat, workers_alive
+  master              the master's lease: JSON (host, pid, token) with a TTL,     claim_master, master_heartbeat,
+                      renewed by its owner only (one master per job)             master_alive, master_holder
   workers             hash: worker id -> JSON (host, pid, slot), by the master    add_member, members
   ids, next_worker    hash of claimed worker ids -> pid; the next free id         claim_worker_id
   (every key)                                                                     leave (hb and go of one worker),
                                                                                   remove_job
 
-Values are never pickled; JSON control messages are size-checked before parsing and blob reads are bounded by
-the expected size (GETRANGE), then checked against it. Blobs can be sharded over several Redis servers (the
+Values are never pickled. JSON control messages are size-checked before parsing, then checked field by field
+against their queue's schema (wire.py): one that fails is dropped with a warning and counted (`refused`). Blob
+reads are bounded by the expected size (GETRANGE), then checked against it. Blobs can be sharded over several Redis servers (the
 first one holds everything else), as DistBelief shards its parameter server: the learnable blobs laid end to end
 are cut into one equal slice per server, and a blob set is written and read on every server at once (a thread
 per further server), so that each server and each connection moves 1/n of the bytes.
@@ -40,12 +42,15 @@ import os
 import socket
 import threading
 import time
+import secrets
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..errors import StoreError
+from . import wire
+from .wire import BadMessage, DamagedData
 
 log = logging.getLogger("pycaffe_dist.distributed")
 
@@ -54,6 +59,7 @@ HEADER = 8                      # the version in front of every blob value
 MAX_MESSAGE = 1 << 20           # control messages are small JSON objects
 MAX_SPEC = 64 << 20             # a job spec holds the solver and net text
 PASSWORD_ENV = "PCD_REDIS_PASSWORD"
+REFUSALS_SHOWN = 20             # warning lines for refused messages; the rest are only counted
 
 
 def is_loopback(host):
@@ -66,11 +72,17 @@ def is_loopback(host):
 
 
 def describe(url):
-    """A URL without its password, for messages."""
-    parts = urllib.parse.urlsplit(url)
+    """A URL (or several, comma-separated) without user or password: the only form a URL takes in a message."""
+    if "," in url:
+        return ",".join(describe(u) for u in url.split(",") if u)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or 6379
+    except ValueError:
+        return "<a malformed URL>"
     if parts.scheme == "unix":
         return "unix://" + parts.path
-    return "%s://%s:%s" % (parts.scheme, parts.hostname, parts.port or 6379)
+    return "%s://%s:%s" % (parts.scheme or "?", parts.hostname, port)
 
 
 def local_address(url):
@@ -98,7 +110,7 @@ def connect(url, timeout=10.0):
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise StoreError("%s: not a Redis URL (use redis://[user:password@]host:port, rediss:// for TLS, or "
-                         "unix:///path)" % url)
+                         "unix:///path)" % describe(url))
     # redis-py's pure-Python packing sends large values as they are (a memoryview); hiredis's packer copies
     # them into one command buffer, about 5 times slower for a LeNet's weights.
     packer = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
@@ -124,18 +136,25 @@ def server_answers(url, password, timeout=2.0):
 
 def job_ids(url):
     """The jobs that have a spec on the server at `url`."""
-    client = connect(url)
+    import redis
+    try:
+        keys = list(connect(url).scan_iter(match="%s:*:job" % PREFIX, count=1000))
+    except redis.RedisError as exc:
+        raise StoreError(_explain(exc, url)) from None
     found = []
-    for key in client.scan_iter(match="%s:*:job" % PREFIX, count=1000):
-        key = key.decode() if isinstance(key, bytes) else key
+    for key in keys:
+        key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
         found.append(key[len(PREFIX) + 1:-len(":job")])
     return sorted(found)
 
 
-def _explain(exc, url):
+def _explain(exc, url, key=None):
     import redis
     name = describe(url)
     text = str(exc)
+    if "WRONGTYPE" in text:
+        return "Redis at %s: %s holds a value of the wrong type (%s): the job's data on Redis is damaged" % (
+            name, key or "a key of the job", text)
     if "NOAUTH" in text or "Authentication required" in text:
         return "Redis at %s needs a password (give it in the URL or $%s)" % (name, PASSWORD_ENV)
     if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in text or "invalid password" in text:
@@ -344,6 +363,13 @@ class Store:
         self._layouts = {}                      # shapes -> where their floats lie on the servers
         self._pool = ThreadPoolExecutor(len(self.urls) - 1) if len(self.urls) > 1 else None
         self._links = [BlobLink(u) for u in self.urls]
+        self.refused = 0                        # messages dropped by a check (wire.py)
+        self._lease = None                      # this process's master lease (claim_master)
+        # Renew a lease only if it is ours, and take it back if it lapsed: one round trip, atomic on the server.
+        self._renew_lease = self._control.register_script(
+            "local held = redis.call('GET', KEYS[1]) "
+            "if held == ARGV[1] or not held then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end "
+            "return 0")
         for url, client in zip(self.urls, self._clients):
             self._call(client.ping, url=url)
 
@@ -369,14 +395,25 @@ class Store:
         return int(self._pipeline(lambda pipe: pipe.hincrby(self.key("job"), "epoch", 1))[0])
 
     def job_spec(self):
+        """The job's spec as a JSON object (job.check_spec checks its fields), or None when there is none."""
         raw = self._field(self.key("job"), "spec", MAX_SPEC)
-        return None if raw is None else self._parse(raw, self.key("job"), MAX_SPEC)
+        if raw is None:
+            return None
+        try:
+            return self._parse(raw, self.key("job") + " spec", MAX_SPEC)
+        except BadMessage as exc:
+            raise DamagedData("job %s: its spec is damaged: %s" % (self.job, exc)) from None
 
     def job_state(self):
         """'running', 'done', or None when the job is not on the server (never published, removed, or the server
         restarted empty)."""
         raw = self._field(self.key("job"), "state")
-        return None if raw is None else raw.decode()
+        if raw is None:
+            return None
+        if raw not in (b"running", b"done"):
+            raise DamagedData("job %s: %s state is %r, where running or done was expected"
+                              % (self.job, self.key("job"), raw[:40]))
+        return raw.decode()
 
     def finish_job(self):
         self._call(self._control.hset, self.key("job"), "state", "done")
@@ -395,7 +432,15 @@ class Store:
     def master_state(self):
         """{'count', 'current_step'} as last written with W (empty when none was)."""
         raw = self._call(self._control.hgetall, self.key("state"))
-        return {k.decode(): int(v) for k, v in raw.items()}
+        state = {}
+        for field in ("count", "current_step"):
+            value = raw.get(field.encode())
+            if value is not None:
+                if not value.isdigit() or len(value) > 18:
+                    raise DamagedData("job %s: %s %s is %r, where a merge count was expected"
+                                      % (self.job, self.key("state"), field, value[:40]))
+                state[field] = int(value)
+        return state
 
     def put_history(self, index, arrays, count):
         self._put_blobs("hist:%d" % index, arrays, count)
@@ -433,7 +478,10 @@ class Store:
     def progress(self):
         """The master's last progress dict, or None."""
         raw = self._field(self.key("stats"), "progress")
-        return None if raw is None else self._parse(raw, self.key("stats"))
+        try:
+            return None if raw is None else self._parse(raw, self.key("stats"))
+        except BadMessage:
+            return None                         # a display has nothing to show, the job goes on
 
     def servers_cpu_s(self):
         """CPU seconds each server has used since it started (INFO cpu), for the master's account of the exchange."""
@@ -445,23 +493,30 @@ class Store:
     def send_to_master(self, message):
         self._send(self.key("inbox"), message)
 
-    def next_message(self, timeout):
-        """The next message to the master, or None after `timeout` seconds (0: don't wait)."""
-        return self._receive(self.key("inbox"), timeout)
+    def next_message(self, timeout, schema):
+        """The next message to the master that passes `schema` (wire.py), or None after `timeout` seconds (0:
+        don't wait) or when the one popped failed (it is dropped)."""
+        return self._receive(self.key("inbox"), timeout, schema)
 
-    def next_messages(self, timeout, at_most):
-        """The next messages to the master, oldest first: waits up to `timeout` seconds for one, then takes up to
-        at_most - 1 more that are there, in one round trip (LRANGE and LTRIM: any Redis version)."""
-        first = self.next_message(timeout)
-        if first is None or at_most <= 1:
-            return [] if first is None else [first]
+    def next_messages(self, timeout, at_most, schema):
+        """The next messages to the master, oldest first, those that pass `schema`: waits up to `timeout` seconds
+        for one, then takes up to at_most - 1 more that are there, in one round trip (LRANGE and LTRIM: any Redis
+        version)."""
         inbox = self.key("inbox")
-
-        def build(pipe):
-            pipe.lrange(inbox, -(at_most - 1), -1)
-            pipe.ltrim(inbox, 0, -at_most)
-        raws = self._pipeline(build)[0]
-        return [first] + [self._parse(raw, inbox) for raw in reversed(raws)]
+        if timeout:
+            reply = self._call(self._control.brpop, [inbox], timeout=timeout)
+            first = reply[1] if reply else None
+        else:
+            first = self._call(self._control.rpop, inbox)
+        if first is None:
+            return []
+        raws = [first]
+        if at_most > 1:
+            def build(pipe):
+                pipe.lrange(inbox, -(at_most - 1), -1)
+                pipe.ltrim(inbox, 0, -at_most)
+            raws += list(reversed(self._pipeline(build)[0]))
+        return [m for m in (self._checked(raw, inbox, schema) for raw in raws) if m is not None]
 
     def reply_to(self, worker, message):
         self._send(self.key("go", worker), message)
@@ -475,17 +530,54 @@ class Store:
                 pipe.lpush(self.key("go", worker), json.dumps(message, separators=(",", ":")))
         self._pipeline(build, transaction=False)
 
-    def next_reply(self, worker, timeout):
-        """The next reply to `worker`, or None after `timeout` seconds (0: don't wait)."""
-        return self._receive(self.key("go", worker), timeout)
+    def next_reply(self, worker, timeout, schema):
+        """The next reply to `worker` that passes `schema` (wire.py), or None after `timeout` seconds (0: don't
+        wait) or when the one popped failed (it is dropped)."""
+        return self._receive(self.key("go", worker), timeout, schema)
 
     # --- heartbeats and members ------------------------------------------------------------------------------------
 
     def worker_heartbeat(self, worker, ttl_s):
         self._beat(self.key("hb", worker), ttl_s)
 
+    def claim_master(self, ttl_s, wait_s=0.0):
+        """Take the job's master lease (one master per job), waiting up to wait_s for another's to lapse (a master
+        that was killed holds it for one heartbeat time); StoreError naming the holder otherwise."""
+        self._lease = json.dumps({"host": socket.gethostname()[:100], "pid": os.getpid(),
+                                  "token": secrets.token_hex(8)})
+        deadline = time.monotonic() + wait_s
+        while not self._call(self._control.set, self.key("master"), self._lease, nx=True, px=int(ttl_s * 1000)):
+            if time.monotonic() > deadline:
+                raise StoreError("job %s already has a live master (%s): one master per job (stop it first, or "
+                                 "wait %.0f s after it died)" % (self.job, self.master_holder(), ttl_s))
+            time.sleep(0.2)
+
     def master_heartbeat(self, ttl_s):
-        self._beat(self.key("master"), ttl_s)
+        """Renew this master's lease (taken by claim_master); StoreError when another master holds it now. A lease
+        that lapsed (Redis stalled, or restarted empty) is taken again."""
+        if self._lease is None:
+            self.claim_master(ttl_s)
+            return
+        renewed = self._call(self._renew_lease, keys=[self.key("master")], args=[self._lease, int(ttl_s * 1000)])
+        if not renewed:
+            raise StoreError("job %s: another master (%s) took the job's lease: this one stops"
+                             % (self.job, self.master_holder()))
+
+    def release_master(self):
+        """Give the lease up (a master that stops before it began): removed only if it is still ours."""
+        if self._lease is not None:
+            self._call(self._control.eval, "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) "
+                       "end", 1, self.key("master"), self._lease)
+            self._lease = None
+
+    def master_holder(self):
+        """Who holds the master's lease, in words (its host and pid, as it wrote them)."""
+        raw = self._call(self._control.get, self.key("master"))
+        try:
+            holder = json.loads(raw) if raw is not None and len(raw) < 1000 else None
+            return "pid %d on %s" % (int(holder["pid"]), str(holder["host"])[:100])
+        except (ValueError, TypeError, KeyError):
+            return "none" if raw is None else "a lease of unknown form"
 
     def workers_alive(self, workers):
         """One bool per worker id: whether its heartbeat lives."""
@@ -501,7 +593,16 @@ class Store:
     def members(self):
         """{worker id: info} of every worker the master recorded."""
         raw = self._call(self._control.hgetall, self.key("workers"))
-        return {k.decode(): self._parse(v, self.key("workers")) for k, v in raw.items()}
+        members = {}
+        for worker, info in raw.items():
+            try:
+                info = wire.MEMBER.check(dict(self._parse(info, self.key("workers")), type="member"),
+                                         self.key("workers"))
+                info.pop("type")
+                members[wire.worker_id(worker.decode("ascii"))] = info
+            except (BadMessage, ValueError, UnicodeDecodeError) as exc:
+                self.refuse("%s: a member %r that is not one: %s" % (self.key("workers"), worker[:20], exc))
+        return members
 
     def claim_worker_id(self, wanted=None):
         """The id asked for, or the next free one; each id is claimed once per job (ids: id -> pid)."""
@@ -528,14 +629,17 @@ class Store:
 
     # --- the calls, retried ---------------------------------------------------------------------------------------
 
-    def _call(self, function, *args, url=None, **kwargs):
+    def _call(self, function, *args, url=None, key=None, **kwargs):
+        """function(*args, **kwargs), retried while Redis is unreachable; any Redis error becomes one StoreError
+        line (a DamagedData where a key of the job holds the wrong type: `key`, or the first key in args)."""
         import redis
         delay, deadline, warned = 0.1, time.monotonic() + self.retry_s, False
         while True:
             try:
                 return function(*args, **kwargs)
             except (redis.AuthenticationError, redis.ResponseError) as exc:
-                raise StoreError(_explain(exc, url or self.urls[0])) from None
+                error = DamagedData if "WRONGTYPE" in str(exc) else StoreError
+                raise error(_explain(exc, url or self.urls[0], key or _first_key(args))) from None
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc) or "Authentication" in str(exc):
                     raise StoreError(_explain(exc, url or self.urls[0])) from None
@@ -581,24 +685,39 @@ class Store:
     def _send(self, queue, message):
         self._call(self._control.lpush, queue, json.dumps(message, separators=(",", ":")))
 
-    def _receive(self, queue, timeout):
+    def _receive(self, queue, timeout, schema):
+        """The next message on `queue` that passes `schema` (wire.py), or None after `timeout` seconds (0: don't
+        wait); one that fails is dropped (refuse) and None returned: the caller polls again."""
         if timeout:
             reply = self._call(self._control.brpop, [queue], timeout=timeout)
             raw = reply[1] if reply else None
         else:
             raw = self._call(self._control.rpop, queue)
-        return None if raw is None else self._parse(raw, queue)
+        return None if raw is None else self._checked(raw, queue, schema)
+
+    def _checked(self, raw, queue, schema):
+        try:
+            return schema.check(self._parse(raw, queue), queue)
+        except BadMessage as exc:
+            self.refuse(str(exc))
+            return None
+
+    def refuse(self, reason):
+        """A message dropped: one warning line (the first REFUSALS_SHOWN of them; then only counted)."""
+        self.refused += 1
+        if self.refused <= REFUSALS_SHOWN:
+            log.warning("Dropped a message: %s%s", reason, "" if self.refused < REFUSALS_SHOWN else
+                        " (further dropped messages are only counted: `refused_messages` in --stats)")
 
     def _parse(self, raw, where, limit=MAX_MESSAGE):
         if len(raw) > limit:
-            raise StoreError("job %s: a message of %d bytes on %s (at most %d expected)"
-                             % (self.job, len(raw), where, limit))
+            raise BadMessage("%s: a message of %d bytes (at most %d expected)" % (where, len(raw), limit))
         try:
             message = json.loads(raw)
-        except ValueError:
-            raise StoreError("job %s: a message on %s is not JSON: %r" % (self.job, where, raw[:80])) from None
+        except (ValueError, RecursionError):
+            raise BadMessage("%s: a message that is not JSON: %r" % (where, raw[:60])) from None
         if not isinstance(message, dict):
-            raise StoreError("job %s: a message on %s is not a JSON object: %r" % (self.job, where, raw[:80]))
+            raise BadMessage("%s: a message that is not a JSON object: %r" % (where, raw[:60]))
         return message
 
     # --- blobs ----------------------------------------------------------------------------------------------------
@@ -662,7 +781,7 @@ class Store:
                 else:
                     conn.send(value)
                     conn.reply()
-            self._call(self._links[server].call, send, url=self.urls[server])
+            self._call(self._links[server].call, send, url=self.urls[server], key=key.decode())
         self._on_every_server(write)
 
     def _get_blobs(self, kind, shapes, owner=None, out=None, missing_ok=False):
@@ -686,7 +805,7 @@ class Store:
                 conn.send([command("GETRANGE", key, 0, size)])
                 return conn.bulk_into(views)
             try:
-                length = self._call(self._links[server].call, fetch, url=self.urls[server])
+                length = self._call(self._links[server].call, fetch, url=self.urls[server], key=key)
             except TooLong as exc:
                 length = exc.length
             if length == 0:
@@ -695,7 +814,8 @@ class Store:
                 raise StoreError("job %s: %s is missing from Redis (was the server restarted or the job removed?)"
                                  % (self.job, key))
             if length != size:
-                raise StoreError("job %s: %s holds %s bytes but blobs %s need %d there" % (
+                raise DamagedData("job %s: %s holds %s bytes but blobs %s need %d there: the job's data on Redis "
+                                  "is damaged" % (
                     self.job, key, "more than %d" % size if length > size else length,
                     ", ".join("x".join(map(str, s)) for s in shapes), size))
             return int(np.frombuffer(version, "<u8", 1)[0])
@@ -706,3 +826,12 @@ class Store:
             if len(set(versions)) == 1:
                 return arrays, versions[0]
         raise StoreError("job %s: blobs %s keep changing while being read" % (self.job, kind))
+
+
+def _first_key(args):
+    """The first argument that names a key of a job (for a message about it), or None."""
+    for arg in args:
+        for item in (arg if isinstance(arg, (list, tuple)) else [arg]):
+            if isinstance(item, (str, bytes)) and (item[:4] == PREFIX + ":" or item[:4] == (PREFIX + ":").encode()):
+                return item if isinstance(item, str) else item.decode("utf-8", "replace")
+    return None

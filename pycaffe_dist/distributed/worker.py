@@ -6,6 +6,10 @@ weights x, runs tau solver steps at the global iteration the master sent (its le
 mode's result; the master's reply says merged, dropped or reset, and what to pull (W; in gossip, a live peer's
 weights).
 
+Every reply is checked (wire.REPLY) before it is used, and so is every W pulled: the master never publishes one
+holding NaN or Inf, so such a W means the job's data on Redis is damaged (DamagedData), not that the rate is too
+high. However a worker stops, it says why in its leave message, so that the master can say it too.
+
 Exchange and computation overlap (the mode's depth 1): a single exchange thread pushes round r's result, waits
 for the reply and pulls, while the main thread computes round r+1; the next round then starts where the mode
 says (modes/base.py). Numerical work stays on the main thread; the exchange thread only moves bytes.
@@ -21,13 +25,14 @@ import numpy as np
 
 from .. import common
 from ..backend import select
-from ..errors import StoreError
+from ..errors import PycaffeDistError, StoreError
 from ..solver.solver import Solver
 from . import job as jobs
-from . import job_process
+from . import job_process, wire
 from .broadcast import WorkerUpdates
 from .compression import Damaged, ErrorFeedback, format_of
 from .modes import MODES
+from .results import first_non_finite
 from .store import Store, local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
@@ -56,8 +61,9 @@ class Outcome:
 
     @classmethod
     def of(cls, reply, pulled):
-        return cls(reply["status"], pulled[0], pulled[1], int(reply.get("iter", 0)), int(reply.get("workers", 1)),
-                   float(reply.get("lr_scale", 1.0)), bool(reply.get("clear_history")))
+        """From a reply checked by wire.REPLY (its fields are of their types when present)."""
+        return cls(reply["status"], pulled[0], pulled[1], reply.get("iter", 0), max(1, reply.get("workers", 1)),
+                   reply.get("lr_scale", 1.0), reply.get("clear_history", False))
 
 
 class ExchangeBuffers:
@@ -95,13 +101,14 @@ class ExchangeBuffers:
 
 class Worker:
     def __init__(self, urls, job=None, threads=1, master_timeout_s=None, retry_s=30.0, wait_for_job_s=60.0,
-                 worker_id=None, delay_s=0.0):
+                 worker_id=None, delay_s=0.0, python_layers=()):
         self.job = jobs.find_job(urls, job) if job or wait_for_job_s <= 0 else \
             self._wait_for_a_job(urls, wait_for_job_s)
         self.store = Store(urls, self.job, retry_s)
         self.threads = threads
         self.delay_s = delay_s              # seconds added to every round: a straggler on purpose, for tests
-        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, None, "a data-parallel job")
+        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, None, "a data-parallel job",
+                                       python_layers)
         self.mode = MODES[self.spec["mode"]].Worker
         self.tau = int(self.spec["options"].get("tau", 1))     # gradient-only has no tau: one gradient a round
         self.heartbeat_s = float(self.spec["heartbeat_s"])
@@ -146,14 +153,16 @@ class Worker:
                 raise self.error
             if self.stopping.is_set():
                 raise Stopped()
-            message = self.store.next_reply(self.id, POLL_S)
+            message = self.store.next_reply(self.id, POLL_S, wire.REPLY)
             if message is not None:
-                if message.get("status") == "stop":
+                if message["status"] == "stop":
+                    if message.get("why"):
+                        raise jobs.stopped_by_master(self.job, message["why"])
                     raise Stopped()
-                if message.get("status") == "rejoin":
+                if message["status"] == "rejoin":
                     raise Rejoin()
-                if message.get("status") == "reset":
-                    self.epoch = int(message.get("epoch", self.epoch))
+                if message["status"] == "reset":
+                    self.epoch = message.get("epoch", self.epoch)
                 if accept(message):
                     return message
                 continue
@@ -170,6 +179,9 @@ class Worker:
                 continue
             gone_since = None
             if state == "done":
+                last = self.store.next_reply(self.id, 0, wire.REPLY)    # the master's stop, queued before "done"
+                if last is not None and last["status"] == "stop" and last.get("why"):
+                    raise jobs.stopped_by_master(self.job, last["why"])
                 raise Stopped()
             if self.store.master_alive():
                 last_master = time.monotonic()
@@ -186,9 +198,9 @@ class Worker:
         info = {"host": socket.gethostname(), "address": local_address(self.store.urls[0]), "pid": os.getpid()}
         reply = self._send_and_await(dict(info, type="join", worker=self.id),
                                      lambda m: m.get("status") in ("slot", "reset"))
-        if reply.get("status") == "reset":      # a restarted master: join again
+        if reply["status"] == "reset":          # a restarted master: join again
             return self._join()
-        return int(reply["slot"]), int(reply["shards"])
+        return reply["slot"], reply["shards"]
 
     def _build_solver(self, slot, shards):
         common.set_num_threads(self.threads)
@@ -219,7 +231,7 @@ class Worker:
         """Gossip (modes/gossip.py): instead of W, the weights a peer last published, the peer chosen by the mode
         among the live others the reply lists; status 'peer', or 'alone' when there is none or its key is gone
         (counted out between the reply and the read)."""
-        peers = [str(w) for w in reply.get("peers") or [] if str(w) != self.id]
+        peers = [w for w in reply.get("peers") or [] if w != self.id]
         peer = self.mode.choose_peer(peers)
         pulled = None if peer is None else \
             self.store.get_result(peer, self.shapes, out=self.buffers.next_pull(), missing_ok=True)
@@ -239,13 +251,14 @@ class Worker:
             payload, version = self.store.get_update(self.updates.payload)
             try:
                 if payload is not None and self.updates.apply(payload, version, out):
-                    return out, version
+                    return self._checked_weights(out, "U"), version
             except Damaged as exc:
-                raise StoreError("job %s: %s holds a damaged or foreign compressed update: %s"
-                                 % (self.job, self.store.key("U", "*"), exc)) from None
+                raise wire.DamagedData("job %s: %s holds a damaged or foreign compressed update: %s"
+                                       % (self.job, self.store.key("U", "*"), exc)) from None
         while True:
             weights, version = self.store.get_weights(self.shapes, out=out, missing_ok=True)
             if weights is not None:
+                self._checked_weights(weights, "W")
                 if self.updates is not None:
                     self.updates.pulled_whole(weights, version)
                 return weights, version
@@ -254,6 +267,16 @@ class Worker:
                                  % (self.job, self.master_timeout_s))
             if self.stopping.wait(0.1):
                 raise Stopped()
+
+    def _checked_weights(self, weights, kind):
+        """W as pulled, refused when it holds NaN or Inf: the master checks every W before it publishes it, so the
+        job's data on Redis was damaged, and a lower rate would not help."""
+        bad = first_non_finite(weights)
+        if bad is not None:
+            raise wire.DamagedData("job %s: the weights read from %s hold NaN or Inf in blob %s (%s), which its "
+                                   "master never publishes: the job's data on Redis is damaged" % (
+                                       self.job, self.store.key(kind, "*"), bad, self.spec["blobs"][bad]["name"]))
+        return weights
 
     def _compute(self, solver, start, iteration, rate_scale):
         """One round's work from the weights `start`, its steps at the solver's rate times `rate_scale`: (the
@@ -275,6 +298,7 @@ class Worker:
         self.store.worker_heartbeat(self.id, self.heartbeat_s)
         beat.start()
         exchange = ThreadPoolExecutor(1, thread_name_prefix="exchange")
+        failure = None                          # what stopped this worker, said in its leave message
         try:
             slot, shards = self._join()
             log.info("worker %s of job %s: data shard %d of %d", self.id, self.job, slot % shards, shards)
@@ -288,8 +312,8 @@ class Worker:
             while True:
                 try:
                     welcome = self._send_and_await({"type": "ready", "worker": self.id},
-                                                   lambda m: m.get("status") in ("welcome", "reset"))
-                    self.epoch = int(welcome.get("epoch", 0))
+                                                   lambda m: m["status"] in ("welcome", "reset"))
+                    self.epoch = welcome.get("epoch", 0)
                     start = Outcome.of(dict(welcome, status="merged"), self._pull())
                     self._rounds(solver, exchange, start, images)
                 except Rejoin:
@@ -302,10 +326,13 @@ class Worker:
                         slot, solver = again, self._build_solver(again, shards)
         except Stopped:
             pass
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
             self.stopping.set()
             exchange.shutdown(wait=True, cancel_futures=True)
-            self._leave()
+            self._leave(failure)
         if self.error is not None:
             raise self.error
         if self.updates is not None:
@@ -376,9 +403,24 @@ class Worker:
             self.feedback.forget()
         return self.feedback.encode(result)
 
-    def _leave(self):
+    def _leave(self, failure=None):
+        """Say goodbye (with the failure that stops this worker, if one does) while the job runs, and remove the
+        heartbeat and reply queue. A job that is done or gone is left without a message: its keys are being
+        removed, and one sent now would be left behind. After a failure (maybe Redis itself) Redis is retried a few
+        seconds only."""
+        if failure is not None:
+            self.store.retry_s = min(self.store.retry_s, 2.0)
         try:
-            self.store.send_to_master({"type": "leave", "worker": self.id})
+            if self.store.job_state() == "running":
+                message = {"type": "leave", "worker": self.id}
+                if failure is not None:
+                    text = str(failure) if isinstance(failure, PycaffeDistError) else \
+                        "%s: %s" % (type(failure).__name__, failure)
+                    message.update(error=text[:wire.ERROR_LIMIT], damaged=isinstance(failure, wire.DamagedData))
+                self.store.send_to_master(message)
+        except StoreError:
+            pass
+        try:
             self.store.leave(self.id)
         except StoreError:
             pass

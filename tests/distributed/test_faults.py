@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from pycaffe_dist.distributed import wire
 from pycaffe_dist.distributed.launch import LocalRedis
 from pycaffe_dist.distributed.store import Store, connect
 
@@ -187,7 +188,7 @@ def test_a_lost_reply_is_asked_for_again_and_answered_again(procs, make_solver, 
 def _reply(store):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        message = store.next_reply("0", 1)
+        message = store.next_reply("0", 1, wire.REPLY)
         if message is not None:
             return message
     pytest.fail("no reply from the master")

@@ -1,10 +1,12 @@
 """The parameter store against a real redis-server: blob round trips, bounded and checked reads, sharding over
 two servers, messages, heartbeats, members and a job's keys."""
+import os
 import time
 
 import numpy as np
 import pytest
 
+from pycaffe_dist.distributed import wire
 from pycaffe_dist.distributed.launch import LocalRedis
 from pycaffe_dist.distributed.store import HEADER, Store, connect, job_ids
 from pycaffe_dist.errors import StoreError
@@ -85,34 +87,69 @@ def test_blobs_shard_over_servers_in_equal_slices(redis_server, monkeypatch, ser
             server.stop()
 
 
-def test_messages_are_json_objects_of_bounded_size(store_for, redis_client):
+def test_messages_are_checked_and_a_bad_one_is_dropped_with_a_line(store_for, redis_client, caplog):
     store = store_for("msg")
-    store.send_to_master({"type": "join", "worker": "3"})
-    assert store.next_message(0) == {"type": "join", "worker": "3"}
-    assert store.next_message(0) is None
+    store.send_to_master({"type": "join", "worker": "3", "pid": 7, "extra": "dropped"})
+    assert store.next_message(0, wire.INBOX) == {"type": "join", "worker": "3", "pid": 7}
+    assert store.next_message(0, wire.INBOX) is None
     store.reply_to("3", {"status": "welcome"})
-    assert store.next_reply("3", 0) == {"status": "welcome"} and store.next_reply("3", 0) is None
-    redis_client.lpush("pcd:msg:inbox", b"\x80\x04pickle")
-    with pytest.raises(StoreError, match="a message on pcd:msg:inbox is not JSON"):
-        store.next_message(0)
-    redis_client.lpush("pcd:msg:inbox", b"[1, 2]")
-    with pytest.raises(StoreError, match="is not a JSON object"):
-        store.next_message(0)
-    redis_client.lpush("pcd:msg:inbox", b" " * (2 << 20))
-    with pytest.raises(StoreError, match="a message of 2097152 bytes"):
-        store.next_message(0)
-    store.send_to_master({"type": "leave"})
+    assert store.next_reply("3", 0, wire.REPLY) == {"status": "welcome"} and store.next_reply("3", 0, wire.REPLY) is None
+    bad = [(b"\x80\x04pickle", "pcd:msg:inbox: a message that is not JSON"),
+           (b"[1, 2]", "is not a JSON object"),
+           (b" " * (2 << 20), "a message of 2097152 bytes"),
+           (b'{"type": "result", "worker": "0", "round": 1, "epoch": "x"}', "whose 'epoch' is 'x', where a non-negative integer"),
+           (b'{"type": "join", "worker": "0", "pid": "abc"}', "whose 'pid' is 'abc'"),
+           (b'{"type": "join", "worker": "../0"}', "where a worker id"),
+           (b'{"type": "result", "worker": "0", "epoch": 1}', "without its field 'round'"),
+           (b'{"type": "hello", "worker": "0"}', "whose type is 'hello'")]
+    for raw, line in bad:
+        redis_client.lpush("pcd:msg:inbox", raw)
+        with caplog.at_level("WARNING"):
+            caplog.clear()
+            assert store.next_message(0, wire.INBOX) is None          # dropped, not the end of the job
+        assert line in caplog.text, caplog.text
+    assert store.refused == len(bad)
+    store.send_to_master({"type": "leave", "worker": 1})
     store.publish_job({"mode": "async"})                    # publishing empties the inbox
-    assert store.next_message(0) is None
+    assert store.next_message(0, wire.INBOX) is None
     for k in range(100):
-        store.send_to_master({"k": k})
-    assert [m["k"] for m in store.next_messages(1, 64)] == list(range(64))      # oldest first, at most 64
-    assert [m["k"] for m in store.next_messages(1, 64)] == list(range(64, 100))
-    assert store.next_messages(0, 64) == []
+        store.send_to_master({"type": "ready", "worker": k})
+        if k == 10:
+            store.send_to_master({"type": "ready", "worker": -1})   # dropped from the batch, the rest go on
+    assert [m["worker"] for m in store.next_messages(1, 64, wire.INBOX)] == [str(k) for k in range(63)]
+    assert [m["worker"] for m in store.next_messages(1, 64, wire.INBOX)] == [str(k) for k in range(63, 100)]
+    assert store.next_messages(0, 64, wire.INBOX) == []
     store.reply_to_each([("3", {"status": "merged"}), ("4", {"status": "dropped"}), ("3", {"status": "stop"})])
-    assert [store.next_reply("3", 0), store.next_reply("4", 0), store.next_reply("3", 0)] == \
-        [{"status": "merged"}, {"status": "dropped"}, {"status": "stop"}]
+    assert [store.next_reply("3", 0, wire.REPLY), store.next_reply("4", 0, wire.REPLY),
+            store.next_reply("3", 0, wire.REPLY)] == [{"status": "merged"}, {"status": "dropped"}, {"status": "stop"}]
     store.remove_job()
+
+
+def test_a_key_of_the_wrong_type_is_damaged_data_naming_the_key(store_for, redis_client):
+    store = store_for("wrongtype")
+    redis_client.hset("pcd:wrongtype:inbox", "a", "b")
+    with pytest.raises(wire.DamagedData, match="pcd:wrongtype:inbox holds a value of the wrong type"):
+        store.next_message(0, wire.INBOX)
+    redis_client.rpush("pcd:wrongtype:W:0", "x")
+    with pytest.raises(wire.DamagedData, match="pcd:wrongtype:W:0 holds a value of the wrong type"):
+        store.get_weights(SHAPES)
+    redis_client.set("pcd:wrongtype:W:0", b"\0" * 12)
+    with pytest.raises(wire.DamagedData, match="pcd:wrongtype:W:0 holds 12 bytes .* damaged"):
+        store.get_weights(SHAPES)
+    store.remove_job()
+
+
+def test_one_master_per_job(store_for):
+    first, second = store_for("lease"), store_for("lease")
+    first.claim_master(0.5)
+    first.master_heartbeat(0.5)
+    with pytest.raises(StoreError, match=r"job lease already has a live master \(pid %d on " % os.getpid()):
+        second.claim_master(0.5)
+    time.sleep(0.6)                             # the first stops renewing: its lease lapses
+    second.claim_master(0.5, wait_s=1.0)
+    with pytest.raises(StoreError, match="another master .* took the job's lease"):
+        first.master_heartbeat(0.5)
+    second.remove_job()
 
 
 def test_heartbeats_expire(store_for):
@@ -125,7 +162,7 @@ def test_heartbeats_expire(store_for):
     store.worker_heartbeat("1", 5)
     store.reply_to("1", {"status": "stop"})
     store.leave("1")
-    assert store.workers_alive(["1"]) == [False] and store.next_reply("1", 0) is None
+    assert store.workers_alive(["1"]) == [False] and store.next_reply("1", 0, wire.REPLY) is None
 
 
 def test_the_job_its_members_and_worker_ids(store_for, redis_server, monkeypatch):
