@@ -179,3 +179,29 @@ def test_fuzzed_blob_framing_is_read_or_refused_as_damaged(master, redis_client)
             assert len(raw) != len(good) and key in str(exc), str(exc)
             continue
         assert len(raw) == len(good) and [a.shape for a in arrays] == [tuple(s) for s in shapes]
+
+
+def test_fuzzed_replies_go_through_a_real_workers_handling(master, redis_client):
+    """A worker of the fuzz job (its id claimed, its spec read as any worker's) takes fuzzed replies through its own
+    wait for a reply and makes its Outcome of what passes; the rest are dropped, and only our errors come out."""
+    from pycaffe_dist.distributed.worker import Outcome, Rejoin, Stopped, Worker
+    worker = Worker(master.store.urls[0], "fuzz", wait_for_job_s=1.0, worker_id=5)
+    worker.store.worker_heartbeat(worker.id, 5.0)
+    rng, taken, queue = random.Random(13), 0, worker.store.key("go", worker.id)
+    sentinel = {"status": "dropped", "iter": 424242}        # after each fuzzed reply: what a dropped one leaves
+    for case in range(MUTATIONS):
+        redis_client.delete(queue)
+        redis_client.lpush(queue, mutate(rng.choice(CORPUS["REPLY"]), rng), json.dumps(sentinel))
+        try:
+            reply = within(SLOWEST_S, worker._await, lambda m: True)
+        except (Stopped, Rejoin):
+            continue
+        except PycaffeDistError as exc:
+            assert "\n" not in str(exc)
+            continue
+        if reply == sentinel:
+            continue
+        outcome = Outcome.of(reply, (None, 0))
+        assert outcome.workers >= 1 and outcome.rate_scale > 0 and isinstance(outcome.iteration, int)
+        taken += 1
+    assert 0 < taken < MUTATIONS
