@@ -63,10 +63,6 @@ class EmulatedDevice(RowMajorBlas, Device):
                 _view(ptr + size, strict.GUARD_BYTES, np.uint8))
 
     # --- memory ------------------------------------------------------------------------------------------------
-    def host_view(self, array):
-        """The emulated device memory of `array` as a numpy array (tests only)."""
-        return _view(array.ptr, array.size, array.dtype)
-
     def upload(self, dst, host, stream=None):
         strict.check_host("upload", dst, host)
         self.allocator.check("upload", "destination", dst)

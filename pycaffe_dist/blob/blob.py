@@ -86,9 +86,6 @@ class Blob:
                 mem.astype(dtype)
         return self
 
-    def shape_at(self, axis):
-        return self._shape[canonical_axis(axis, len(self._shape))]
-
     def count_range(self, start, end=None):
         return count(self._shape, start, end)
 

@@ -5,7 +5,7 @@ in one message, and leaves. A subclass names itself (`name`: its heartbeat and q
 messages to the master say who sent them) and does its work in `_build` and `_main`.
 
 The data-parallel workers (worker.py) meet the master differently (they join, pull and push the modes' way) and
-keep their own loop; they share the heartbeat (beat).
+keep their own loop; they share the heartbeat (beat), Stopped, and the waits (POLL_S, MASTER_TIMEOUT_BEATS).
 """
 import os
 import socket
@@ -46,6 +46,7 @@ class JobProcess:
         self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
         self.stopping, self.error = threading.Event(), None
         self.unacked = False            # a result of ours the master has not acknowledged yet
+        self.stats = {}                 # what the process did, for its last line (a subclass fills it)
         self.last_master = time.monotonic()
 
     # --- what a subclass says --------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ class Settings(JsonSettings):
     python_layers: list = dataclasses.field(default_factory=list)  # modules a resumed job's spec may name
 
 
-class Master(stop_signals.StopRequests):
+class MergeRule(stop_signals.StopRequests):
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.log = log
@@ -132,7 +132,7 @@ class Master(stop_signals.StopRequests):
         self.publish_copy = [np.empty(s, np.float32) for s in self.shapes]
         self.publishing = None                  # the publish of W and replies in flight
         self.in_use = []                        # the reader's arrays a merge has taken
-        self.rule = MODES[mode].Master(self, options)
+        self.rule = MODES[mode].MergeRule(self, options)
         self.warmup_step = lr_scaling.warmup_step(options, param.max_iter)
         self.scaling_said = None                # the (policy, work per merge) the log last described
         self.critical_said = False              # whether it said that the scaled batch is past the critical one

@@ -76,12 +76,6 @@ def state_due(param, count, max_iter):
         bool(param.test_interval and count % param.test_interval == 0)
 
 
-def state_shapes(spec, stage, history_sets):
-    """The shapes of stage `stage`'s state blobs: its parameters, then each history set of them."""
-    shapes = [tuple(spec["blobs"][i]["shape"]) for i in spec["stages"][stage]["params"]]
-    return shapes * (1 + history_sets)
-
-
 class Stage(JobProcess):
     def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
                  python_layers=()):

@@ -18,12 +18,12 @@ from google.protobuf import text_format
 from .. import common
 from ..errors import PycaffeDistError, StoreError
 from ..io.load import read_solver
-from ..net import partition as cutting
+from ..net import partition as net_cuts
 from ..solver import lr_policy
 from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
-from . import pipeline as stages
+from . import pipeline
 from . import stop_signals, wire
 from .settings import JsonSettings
 from .store import Store, describe
@@ -77,30 +77,27 @@ class PipelineMaster(stop_signals.StopRequests):
             self.solver.restore(settings.snapshot, data_position=False)
         self.count, self.current_step = self.solver.position
         net = self.solver.train_net
-        self.partition = cutting.partition(net, settings.stages)
-        self.micro = micro_batches_for(cutting.batch_sizes(net), settings.stages, settings.micro_batches)
-        mixing = cutting.sample_mixing_layers(net)
+        self.partition = net_cuts.partition(net, settings.stages)
+        self.micro = micro_batches_for(net_cuts.batch_sizes(net), settings.stages, settings.micro_batches)
+        mixing = net_cuts.sample_mixing_layers(net)
         if mixing and self.micro > 1:
             raise PycaffeDistError("layer '%s' (BatchNorm) computes its statistics over the batch: in %d "
                                    "micro-batches it would see a part of it; give --micro-batches 1 or "
                                    "use_global_stats" % (mixing[0], self.micro))
-        self.K = self.partition.stages
+        self.stage_count = self.partition.stages
         self.history_sets = len(self.solver.history_sets())
         self.names, self.shapes = self.solver.weight_names(), self.solver.weight_shapes
         micro_shapes = lambda shapes: [[s[0] // self.micro] + list(s[1:]) for s in shapes]
-        self.spec = {
-            "version": jobs.SPEC_VERSION, "kind": stages.SPEC_KIND, "mode": "pipeline",
-            "options": {"stages": self.K, "micro_batches": self.micro},
-            "solver": text_format.MessageToString(param), "heartbeat_s": settings.heartbeat_s, "workers": self.K,
-            "blobs": [{"name": n, "shape": list(s)} for n, s in zip(self.names, self.shapes)],
-            "net": text_format.MessageToString(cutting.stage_net_param(net, self.micro)),
-            "feed": text_format.MessageToString(cutting.feed_net_param(net)),
-            "state": text_format.MessageToString(net.state),
-            "stages": [{"range": list(r), "params": p} for r, p in zip(self.partition.ranges, self.partition.params)],
-            "cuts": [{"blobs": c.blobs, "shapes": micro_shapes(c.shapes), "needs_diff": c.needs_diff}
-                     for c in self.partition.cuts],
-            "micro_batches": self.micro, "start": self.count, "current_step": self.current_step,
-            "max_iter": param.max_iter, "cwd": os.getcwd()}
+        self.spec = dict(
+            jobs.make_spec(param, "pipeline", {"stages": self.stage_count, "micro_batches": self.micro}, self.names,
+                           self.shapes, settings.heartbeat_s, self.stage_count),
+            kind=pipeline.SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, self.micro)),
+            feed=text_format.MessageToString(net_cuts.feed_net_param(net)),
+            state=text_format.MessageToString(net.state),
+            stages=[{"range": list(r), "params": p} for r, p in zip(self.partition.ranges, self.partition.params)],
+            cuts=[{"blobs": c.blobs, "shapes": micro_shapes(c.shapes), "needs_diff": c.needs_diff}
+                  for c in self.partition.cuts],
+            micro_batches=self.micro, start=self.count, current_step=self.current_step, max_iter=param.max_iter)
         self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
         self.store = Store(settings.redis, self.job, settings.retry_s)
         if self.store.job_spec() is not None:
@@ -109,7 +106,7 @@ class PipelineMaster(stop_signals.StopRequests):
         self.store.claim_master(settings.heartbeat_s)
         self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
         self.ready, self.reports, self.states, self.finals = {}, {}, {}, {}
-        self.stage_stats = {s: {"compute_s": 0.0, "wait_s": 0.0, "iterations": 0} for s in range(self.K)}
+        self.stage_stats = {s: {"compute_s": 0.0, "wait_s": 0.0, "iterations": 0} for s in range(self.stage_count)}
         self.losses, self.test_results, self.snapshots = [], [], []
         self.stop_requested = self.halt_sent = self.started = False
         self.started_at = self.display_at = time.monotonic()
@@ -132,11 +129,11 @@ class PipelineMaster(stop_signals.StopRequests):
     def run(self):
         restore = stop_signals.catch(self._request_stop)
         try:
-            for s in range(self.K):
-                self.store.put_result(stages.state_blobs(s), self._state_arrays(s), self.count)
+            for s in range(self.stage_count):
+                self.store.put_result(pipeline.state_blobs(s), self._state_arrays(s), self.count)
             self.store.publish_job(self.spec)
             self.store.master_heartbeat(self.settings.heartbeat_s)
-            log.info("Pipeline of %d stages, %d micro-batches per batch of %d images: %s", self.K, self.micro,
+            log.info("Pipeline of %d stages, %d micro-batches per batch of %d images: %s", self.stage_count, self.micro,
                      self.images_per_iteration // max(1, self.param.iter_size),
                      "; ".join("stage %d %s..%s" % (s, self.solver.train_net.layer_names[a],
                                                     self.solver.train_net.layer_names[b])
@@ -154,7 +151,7 @@ class PipelineMaster(stop_signals.StopRequests):
         last_check = time.monotonic()
         while True:
             if self.stop_requested and not self.halt_sent:
-                self.store.reply_to(stages.control_queue(0), {"status": "halt"})
+                self.store.reply_to(pipeline.control_queue(0), {"status": "halt"})
                 self.halt_sent = True
             message = self.store.next_message(POLL_S, wire.PIPELINE_INBOX)
             if message is not None and self._handle(message):
@@ -167,9 +164,9 @@ class PipelineMaster(stop_signals.StopRequests):
     def _handle(self, message):
         """Handle one message (checked by the store: wire.PIPELINE_INBOX); True when the stages are all done."""
         kind, stage = message["type"], message["stage"]
-        if stage >= self.K:
+        if stage >= self.stage_count:
             self.store.refuse("%s: a %s message from stage %d of a pipeline of %d" % (self.store.key("inbox"), kind,
-                                                                                     stage, self.K))
+                                                                                     stage, self.stage_count))
             return False
         if kind == "error":
             raise PycaffeDistError("stage %d: %s" % (stage, message.get("error")))
@@ -178,10 +175,10 @@ class PipelineMaster(stop_signals.StopRequests):
                 log.info("Stage %d ready on %s%s (pid %s)", stage, message.get("host", "?"),
                          " at " + message["address"] if message.get("address") else "", message.get("pid", "?"))
             self.ready[stage] = message
-            if len(self.ready) == self.K:
+            if len(self.ready) == self.stage_count:
                 self.started = True
                 self.started_at = self.display_at = time.monotonic()
-                log.info("Starting: %d stages ready", self.K)
+                log.info("Starting: %d stages ready", self.stage_count)
                 if self.param.test_interval and self.param.test_initialization and self.count == 0:
                     self._test(self.count)
         elif kind == "iteration":
@@ -189,15 +186,15 @@ class PipelineMaster(stop_signals.StopRequests):
         elif kind == "state":
             count = message["count"]
             if not message.get("again"):
-                self.store.get_result(stages.state_blobs(stage), [a.shape for a in self._state_arrays(stage)],
+                self.store.get_result(pipeline.state_blobs(stage), [a.shape for a in self._state_arrays(stage)],
                                       out=self._state_arrays(stage))
-                self.store.reply_to(stages.control_queue(stage), {"status": "ack"})
+                self.store.reply_to(pipeline.control_queue(stage), {"status": "ack"})
                 self.states.setdefault(count, set()).add(stage)
-                if len(self.states[count]) == self.K:
+                if len(self.states[count]) == self.stage_count:
                     self._assembled(count)
             if message.get("final"):
                 self.finals[stage] = count
-                if len(self.finals) == self.K:
+                if len(self.finals) == self.stage_count:
                     if len(set(self.finals.values())) != 1:
                         raise PycaffeDistError("the stages stopped at different iterations: %s" % self.finals)
                     self.done_count = count
@@ -212,7 +209,7 @@ class PipelineMaster(stop_signals.StopRequests):
         stats["iterations"] += 1
         reports = self.reports.setdefault(it, {})
         reports[stage] = message
-        if len(reports) < self.K:
+        if len(reports) < self.stage_count:
             return
         del self.reports[it]
         loss = float(np.float32(sum(np.float32(m.get("loss", 0.0)) for m in reports.values())))
@@ -241,12 +238,12 @@ class PipelineMaster(stop_signals.StopRequests):
     def _housekeeping(self):
         self.store.master_heartbeat(self.settings.heartbeat_s)
         self.store.put_progress(self.progress())
-        names = [stages.flow_queue(s) for s in range(self.K)]
+        names = [pipeline.flow_queue(s) for s in range(self.stage_count)]
         if not self.started:
             if time.monotonic() - self.started_at > self.settings.join_timeout_s:
                 raise StoreError("job %s: only %d of %d stages ready after %.0f s" % (
-                    self.job, len(self.ready), self.K, self.settings.join_timeout_s))
-            names = [stages.flow_queue(s) for s in self.ready]
+                    self.job, len(self.ready), self.stage_count, self.settings.join_timeout_s))
+            names = [pipeline.flow_queue(s) for s in self.ready]
         for name, alive in zip(names, self.store.workers_alive(names)):
             if not alive and int(name[len("stage"):]) not in self.finals:
                 raise PycaffeDistError("%s has no heartbeat for %g s: a pipeline cannot go on without one of its "
@@ -286,8 +283,8 @@ class PipelineMaster(stop_signals.StopRequests):
         """Tell the stages to stop (with `why`, a failure), wait a little for them to go, write the stats, remove
         the job's keys."""
         try:
-            jobs.end_job(self.store, [stages.control_queue(s) for s in range(self.K)],
-                         [stages.flow_queue(s) for s in range(self.K)], 2.0 if failed else 10.0,
+            jobs.end_job(self.store, [pipeline.control_queue(s) for s in range(self.stage_count)],
+                         [pipeline.flow_queue(s) for s in range(self.stage_count)], 2.0 if failed else 10.0,
                          self.settings.stats_path, self.summary, self.settings.keep, why)
         except StoreError:
             if not failed:
@@ -312,11 +309,11 @@ class PipelineMaster(stop_signals.StopRequests):
                 "loss": float(np.mean(self.losses)) if self.losses else None, "started": self.started,
                 "elapsed_s": now - self.started_at,
                 "exchange_share": sum(s["wait_s"] for s in self.stage_stats.values()) / total if total else 0.0,
-                "workers": {str(s): done * self.images_per_iteration / elapsed for s in range(self.K)},
+                "workers": {str(s): done * self.images_per_iteration / elapsed for s in range(self.stage_count)},
                 "test": self.test_results[-1] if self.test_results else None, "snapshots": self.snapshots}
 
     def summary(self):
-        return dict(self.progress(), stages=self.K, micro_batches=self.micro, tests=self.test_results,
+        return dict(self.progress(), stages=self.stage_count, micro_batches=self.micro, tests=self.test_results,
                     ranges=self.partition.ranges, stage_stats=self.stage_stats, refused_messages=self.store.refused,
                     # the activations forward and their gradients back across every cut, per batch
                     bytes_per_iteration=sum(c.bytes_forward() + c.bytes_backward() for c in self.partition.cuts))

@@ -41,12 +41,12 @@ from google.protobuf import text_format
 from .. import common
 from ..errors import DivergedError, PycaffeDistError, StoreError
 from ..io.load import read_solver
-from ..net import partition as cutting
+from ..net import partition as net_cuts
 from ..solver import lbfgs
 from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
-from . import sandblaster as workers
+from . import sandblaster
 from . import stop_signals, wire
 from .settings import JsonSettings
 from .store import Store, describe
@@ -126,8 +126,8 @@ class SandblasterMaster(stop_signals.StopRequests):
                    "unit_batches": settings.unit_batches}
         self.spec = dict(jobs.make_spec(param, "sandblaster", options, self.names, self.shapes, settings.heartbeat_s,
                                         settings.workers),
-                         kind=workers.SPEC_KIND, net=text_format.MessageToString(cutting.stage_net_param(net, 1)),
-                         feed=text_format.MessageToString(cutting.feed_net_param(net)),
+                         kind=sandblaster.SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, 1)),
+                         feed=text_format.MessageToString(net_cuts.feed_net_param(net)),
                          state=text_format.MessageToString(net.state), start=self.count,
                          seed=param.random_seed if param.random_seed >= 0 else secrets.randbelow(1 << 31))
         self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
@@ -146,7 +146,7 @@ class SandblasterMaster(stop_signals.StopRequests):
         self.started_at = self.display_at = self.last_message = time.monotonic()
         self.last_housekeeping = 0.0
         self.slowest_unit_s = 0.0
-        self.log_lines = {"skipped": 0, "restarts": 0, "failed": 0}
+        self.lbfgs_events = {"skipped": 0, "restarts": 0, "failed": 0}
 
     def views(self, flat):
         """The blobs' arrays as views of a flat vector."""
@@ -216,13 +216,13 @@ class SandblasterMaster(stop_signals.StopRequests):
     def _report(self, f, step):
         it, p = self.count, self.param
         if step.restarted:
-            self.log_lines["restarts"] += 1
+            self.lbfgs_events["restarts"] += 1
             log.info("Iteration %d: %s; L-BFGS restarts (its pairs cleared)", it, step.why)
         if not step.moved:
-            self.log_lines["failed"] += 1
+            self.lbfgs_events["failed"] += 1
             log.info("Iteration %d: no step (%s); x stays, the next sample is tried", it, step.why)
         elif step.curvature is None and not step.restarted:
-            self.log_lines["skipped"] += 1
+            self.lbfgs_events["skipped"] += 1
             log.info("Iteration %d: pair skipped: s'y <= %g |s| |y| (no curvature to store)", it,
                      self.optimizer.pairs.eps)
         self.losses = (self.losses + [step.f])[-max(1, p.average_loss):]
@@ -259,7 +259,7 @@ class SandblasterMaster(stop_signals.StopRequests):
                   "sample": sample}
                  for u, first in enumerate(range(0, B, b))]
         self.evaluation = Evaluation(number, units, x.size)
-        self.store.reply_to_each([(workers.UNITS, unit) for unit in units])
+        self.store.reply_to_each([(sandblaster.UNITS, unit) for unit in units])
         self.last_message = time.monotonic()
         while self.evaluation.pending:
             for message in self.store.next_messages(POLL_S, 64, wire.SANDBLASTER_INBOX):
@@ -277,7 +277,7 @@ class SandblasterMaster(stop_signals.StopRequests):
                         e.number, why)
             for u in units:
                 e.holders.pop(u, None)
-            self.store.reply_to_each([(workers.UNITS, e.units[u]) for u in sorted(units)])
+            self.store.reply_to_each([(sandblaster.UNITS, e.units[u]) for u in sorted(units)])
 
     def _handle(self, message):
         """One message of the inbox, checked by the store (wire.SANDBLASTER_INBOX)."""
@@ -330,7 +330,7 @@ class SandblasterMaster(stop_signals.StopRequests):
             self._hand_out_again({u for u in units if u in e.pending and e.holders.get(u) in (None, worker)},
                                  "worker %s's sums held units summed already" % worker)
             return
-        if self.store.get_result(workers.sums_owner(worker), self.shapes, out=self.views(self.scratch),
+        if self.store.get_result(sandblaster.sums_owner(worker), self.shapes, out=self.views(self.scratch),
                                  missing_ok=True) is None:
             self.store.refuse("%s: sums from worker %s, which has none on Redis" % (self.store.key("inbox"), worker))
             return
@@ -439,14 +439,14 @@ class SandblasterMaster(stop_signals.StopRequests):
         elapsed = max(1e-9, now - self.started_at)
         return {"job": self.job, "mode": "sandblaster", "count": self.count, "max_iter": self.param.max_iter,
                 "loss": float(np.mean(self.losses)) if self.losses else None, "started": self.started,
-                "elapsed_s": now - self.started_at, "exchange_share": self.idle_share(elapsed),
+                "elapsed_s": now - self.started_at, "idle_share": self.idle_share(elapsed),
                 "workers": {w: c["batches"] * self.batch / elapsed for w, c in self.counts.items()},
                 "test": self.test_results[-1] if self.test_results else None, "snapshots": self.snapshots}
 
     def summary(self):
         return dict(self.progress(), evaluations=self.evaluations, batches=self.batches_done,
                     images=self.batches_done * self.batch, tests=self.test_results, units=self.counts,
-                    restarts=self.log_lines["restarts"], skipped_pairs=self.log_lines["skipped"],
+                    restarts=self.lbfgs_events["restarts"], skipped_pairs=self.lbfgs_events["skipped"],
                     refused_messages=self.store.refused,
                     options=self.spec["options"],
                     # a worker's push per evaluation: its sums, float32 (as the data-parallel modes' results)

@@ -25,13 +25,14 @@ def job_status(store):
             "state": state, "master_alive": store.master_alive(),
             "count": progress.get("count", 0), "max_iter": progress.get("max_iter"),
             "loss": progress.get("loss"), "exchange_share": progress.get("exchange_share"),
+            "idle_share": progress.get("idle_share"),
             "test": progress.get("test"), "snapshots": progress.get("snapshots", []), "workers": workers}
 
 
 def _checked_progress(progress):
     """The master's progress as the display needs it: a field of another type (damaged, or forged) is left out."""
     progress = dict(progress) if isinstance(progress, dict) else {}
-    kinds = {"count": int, "max_iter": int, "loss": float, "exchange_share": float, "test": dict,
+    kinds = {"count": int, "max_iter": int, "loss": float, "exchange_share": float, "idle_share": float, "test": dict,
              "snapshots": list, "workers": dict}
     for field, kind in kinds.items():
         value = progress.get(field)
@@ -49,9 +50,9 @@ def _checked_progress(progress):
 def format_status(status):
     lines = ["job %s: mode %s, %s, master %s" % (status["job"], status["mode"], status["state"],
                                                  "alive" if status["master_alive"] else "not seen"),
-             "  iteration (merges): %s / %s, loss %s, exchange %s" % (
+             "  iteration (merges): %s / %s, loss %s, %s" % (
                  status["count"], status["max_iter"], _number(status["loss"]),
-                 "-" if status["exchange_share"] is None else "%.1f%% of a round" % (100 * status["exchange_share"]))]
+                 _share(status))]
     test = status["test"]
     if test:
         scores = ", ".join("%s = %.4g" % kv for kv in sorted(test["scores"].items()))
@@ -65,6 +66,14 @@ def format_status(status):
                                                             rate))
     lines.append("  snapshots: %s" % (", ".join(status["snapshots"]) or "none yet"))
     return "\n".join(lines)
+
+
+def _share(status):
+    """Exchange (the data-parallel workers and the stages: of a round) or idle (Sandblaster: of the workers' time)."""
+    if status.get("idle_share") is not None:
+        return "idle %.1f%% of the workers' time" % (100 * status["idle_share"])
+    return "exchange " + ("-" if status["exchange_share"] is None else "%.1f%% of a round"
+                          % (100 * status["exchange_share"]))
 
 
 def _number(x):

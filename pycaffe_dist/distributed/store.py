@@ -30,10 +30,10 @@ Every Redis call of the package is made here, and every key a job writes, under 
 
 Values are never pickled. JSON control messages are size-checked before parsing, then checked field by field
 against their queue's schema (wire.py): one that fails is dropped with a warning and counted (`refused`). Blob
-reads are bounded by the expected size (GETRANGE), then checked against it. Blobs can be sharded over several Redis servers (the
-first one holds everything else), as DistBelief shards its parameter server: the learnable blobs laid end to end
-are cut into one equal slice per server, and a blob set is written and read on every server at once (a thread
-per further server), so that each server and each connection moves 1/n of the bytes.
+reads are bounded by the expected size (GETRANGE), then checked against it. Blobs can be sharded over several
+Redis servers (the first one holds everything else), as DistBelief shards its parameter server: the learnable
+blobs laid end to end are cut into one equal slice per server, and a blob set is written and read on every server
+at once (a thread per further server), so that each server and each connection moves 1/n of the bytes.
 """
 import ipaddress
 import json

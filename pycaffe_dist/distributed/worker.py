@@ -31,17 +31,12 @@ from . import job as jobs
 from . import job_process, wire
 from .broadcast import WorkerUpdates
 from .compression import Damaged, ErrorFeedback, format_of
+from .job_process import MASTER_TIMEOUT_BEATS, POLL_S, Stopped     # (one meaning for every worker-side process)
 from .modes import MODES
 from .results import first_non_finite
 from .store import Store, local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
-POLL_S = 1.0
-MASTER_TIMEOUT_BEATS = 10
-
-
-class Stopped(Exception):
-    """The master said stop (the job is done)."""
 
 
 class Rejoin(Exception):
@@ -99,7 +94,7 @@ class ExchangeBuffers:
         return self._gradients[self._computed % 2]
 
 
-class Worker:
+class RoundRule:
     def __init__(self, urls, job=None, threads=1, master_timeout_s=None, retry_s=30.0, wait_for_job_s=60.0,
                  worker_id=None, delay_s=0.0, python_layers=()):
         self.job = jobs.find_job(urls, job) if job or wait_for_job_s <= 0 else \
@@ -109,7 +104,7 @@ class Worker:
         self.delay_s = delay_s              # seconds added to every round: a straggler on purpose, for tests
         self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, None, "a data-parallel job",
                                        python_layers)
-        self.mode = MODES[self.spec["mode"]].Worker
+        self.mode = MODES[self.spec["mode"]].RoundRule
         self.tau = int(self.spec["options"].get("tau", 1))     # gradient-only has no tau: one gradient a round
         self.heartbeat_s = float(self.spec["heartbeat_s"])
         # A master is gone after this long without its heartbeat: the job's heartbeat setting, ten times over (a

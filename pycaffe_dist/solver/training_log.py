@@ -115,9 +115,16 @@ class DistributedProgress:
         left = (total - count) * elapsed / count if count else 0
         rates = ", ".join("w%s %.0f img/s" % (w, r) for w, r in sorted(stats["workers"].items(), key=lambda x: int(x[0])))
         loss = "%.4g" % stats["loss"] if stats.get("loss") is not None else "-"
-        self.handler.set_status("[%s merge %d/%d] loss %s  %s  exchange %.0f%%  ETA %s"
-                                % (stats["mode"], count, total, loss, rates, 100 * stats["exchange_share"],
-                                   _duration(left)))
+        self.handler.set_status("[%s merge %d/%d] loss %s  %s  %s  ETA %s"
+                                % (stats["mode"], count, total, loss, rates, share_text(stats), _duration(left)))
+
+
+def share_text(stats):
+    """The one figure of a job's progress that says where its time goes: the data-parallel workers' and the
+    stages' share of a round spent exchanging, or Sandblaster's workers' share of the time spent idle."""
+    if stats.get("idle_share") is not None:
+        return "idle %.0f%%" % (100 * stats["idle_share"])
+    return "exchange %.0f%%" % (100 * (stats.get("exchange_share") or 0.0))
 
 
 def _duration(seconds):

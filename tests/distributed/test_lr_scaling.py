@@ -65,7 +65,7 @@ class _View:
 @pytest.mark.parametrize("mode,workers,work", [("sync", 8, 8), ("gossip", 4, 4), ("easgd", 16, 16),
                                                ("local-sgd", 8, 4), ("async", 8, 8), ("gradient-only", 2, 2)])
 def test_the_work_of_a_merge_per_mode(mode, workers, work):
-    rule = MODES[mode].Master(_View(), resolve_options(mode, {}))
+    rule = MODES[mode].MergeRule(_View(), resolve_options(mode, {}))
     assert rule.merged_work(workers) == work
 
 
@@ -73,16 +73,16 @@ def test_the_work_of_a_merge_per_mode(mode, workers, work):
 def test_a_staleness_aware_merge_is_worth_the_typical_staleness(mode):
     """A result merged at 1/staleness counts as one step where its staleness is the typical one; --factor F merges
     every result at 1/F, so F is what a result is worth."""
-    assert MODES[mode].Master(_View(13.5), resolve_options(mode, {})).merged_work(8) == 13.5
-    assert MODES[mode].Master(_View(13.5), resolve_options(mode, {"factor": 4.0})).merged_work(8) == 4.0
-    assert MODES[mode].Master(_View(13.5), resolve_options(mode, {"factor": 1.0})).merged_work(8) == 1.0
+    assert MODES[mode].MergeRule(_View(13.5), resolve_options(mode, {})).merged_work(8) == 13.5
+    assert MODES[mode].MergeRule(_View(13.5), resolve_options(mode, {"factor": 4.0})).merged_work(8) == 4.0
+    assert MODES[mode].MergeRule(_View(13.5), resolve_options(mode, {"factor": 1.0})).merged_work(8) == 1.0
 
 
 def test_local_sgd_counts_its_outer_step():
     """DiLoCo's outer step multiplies a steady mean delta by a / (1 - m): the rate is scaled by the rest of N."""
-    rule = MODES["local-sgd"].Master(_View(), resolve_options("local-sgd", {"outer_lr": 1.0, "outer_momentum": 0.0}))
+    rule = MODES["local-sgd"].MergeRule(_View(), resolve_options("local-sgd", {"outer_lr": 1.0, "outer_momentum": 0.0}))
     assert rule.merged_work(8) == 8
-    rule = MODES["local-sgd"].Master(_View(), resolve_options("local-sgd", {"outer_lr": 0.5, "outer_momentum": 0.75}))
+    rule = MODES["local-sgd"].MergeRule(_View(), resolve_options("local-sgd", {"outer_lr": 0.5, "outer_momentum": 0.75}))
     assert rule.merged_work(8) == 4
 
 

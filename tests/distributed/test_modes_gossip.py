@@ -43,7 +43,7 @@ class Recorder:
 
 def _rule(**options):
     master = Recorder()
-    return master, gossip.Master(master, resolve_options("gossip", options))
+    return master, gossip.MergeRule(master, resolve_options("gossip", options))
 
 
 def _round(master, rule, worker, value, loss=1.0):
@@ -103,14 +103,14 @@ def test_a_worker_whose_loss_is_not_finite_stops_the_job():
 
 def test_the_worker_averages_with_its_peer_and_goes_on_alone_without_one():
     x_end, peer = [np.full(2, 1.0, np.float32)], [np.full(2, 3.0, np.float32)]
-    assert gossip.Worker.next_start("peer", peer, x_end, None, True)[0].tolist() == [2.0, 2.0]
-    assert gossip.Worker.next_start("alone", None, x_end, None, True) is x_end
-    assert gossip.Worker.next_start("merged", peer, x_end, None, True) is x_end    # the first round, from W
-    assert gossip.Worker.next_start("reset", peer, x_end, None, True) is peer      # back to the master's mean
-    published = gossip.Worker.result(None, x_end, None, None, {}, 2)
+    assert gossip.RoundRule.next_start("peer", peer, x_end, None, True)[0].tolist() == [2.0, 2.0]
+    assert gossip.RoundRule.next_start("alone", None, x_end, None, True) is x_end
+    assert gossip.RoundRule.next_start("merged", peer, x_end, None, True) is x_end    # the first round, from W
+    assert gossip.RoundRule.next_start("reset", peer, x_end, None, True) is peer      # back to the master's mean
+    published = gossip.RoundRule.result(None, x_end, None, None, {}, 2)
     assert published[0] is not x_end[0] and published[0].tolist() == [1.0, 1.0]
-    assert gossip.Worker.choose_peer([]) is None
-    assert {gossip.Worker.choose_peer(["1", "2"]) for _ in range(100)} == {"1", "2"}
+    assert gossip.RoundRule.choose_peer([]) is None
+    assert {gossip.RoundRule.choose_peer(["1", "2"]) for _ in range(100)} == {"1", "2"}
 
 
 @pytest.mark.redis

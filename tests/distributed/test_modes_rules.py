@@ -11,6 +11,7 @@ class Recorder:
         self.weights = [np.zeros(3, np.float32)]
         self.results, self.replies, self.merges, self.drops = {}, [], [], []
         self.count = 0
+        self.log = Log()
 
     def staleness(self, message):
         return max(1, self.count - message.get("base", self.count) + 1)
@@ -54,21 +55,24 @@ class Recorder:
             self.velocity = [np.zeros_like(w) for w in self.weights]
         return self.velocity
 
-    class log:
-        warnings, infos = [], []
 
-        @classmethod
-        def info(cls, text, *args):
-            cls.infos.append(text % args)
 
-        @classmethod
-        def warning(cls, text, *args):
-            cls.warnings.append(text % args)
+class Log:
+    """The lines a rule logs, one list each per master (a test cannot pass on another test's line)."""
+
+    def __init__(self):
+        self.warnings, self.infos = [], []
+
+    def info(self, text, *args):
+        self.infos.append(text % args)
+
+    def warning(self, text, *args):
+        self.warnings.append(text % args)
 
 
 def _rule(mode, **options):
     master = Recorder()
-    return master, MODES[mode].Master(master, resolve_options(mode, options))
+    return master, MODES[mode].MergeRule(master, resolve_options(mode, options))
 
 
 def _deliver(master, rule, worker, value, base=None):
@@ -148,10 +152,10 @@ def test_easgd_worker_pulls_itself_and_the_centre_together():
     master, rule = _rule("easgd")
     master.weights[0][...] = 1.0
     x_end, centre = [np.full(3, 5.0, np.float32)], [np.full(3, 1.0, np.float32)]
-    d = easgd.Worker.result(None, x_end, None, centre, {"moving_rate": 0.25}, 8)
+    d = easgd.RoundRule.result(None, x_end, None, centre, {"moving_rate": 0.25}, 8)
     assert d[0].tolist() == [1.0] * 3                       # d = a (x - W)
-    assert easgd.Worker.next_start("merged", centre, x_end, d, True)[0].tolist() == [4.0] * 3
-    assert easgd.Worker.next_start("reset", centre, x_end, d, True) is centre
+    assert easgd.RoundRule.next_start("merged", centre, x_end, d, True)[0].tolist() == [4.0] * 3
+    assert easgd.RoundRule.next_start("reset", centre, x_end, d, True) is centre
     _deliver(master, rule, "0", 1.0)
     assert master.weights[0].tolist() == [2.0] * 3          # W += d
 
@@ -160,15 +164,15 @@ def test_gradient_only_hands_the_gradient_to_the_solver_rule():
     master, rule = _rule("gradient-only")
     _deliver(master, rule, "0", 0.5)
     assert master.gradients[0].tolist() == [0.5] * 3 and master.replies == [("0", "merged")]
-    assert gradient_only.Worker.next_start("merged", ["W"], ["x"], ["g"], True) == ["W"]
+    assert gradient_only.RoundRule.next_start("merged", ["W"], ["x"], ["g"], True) == ["W"]
 
 
 @pytest.mark.parametrize("status,expected", [("merged", 5.0), ("dropped", 2.0), ("reset", 2.0)])
 def test_delta_worker_starts_from_w_plus_the_delta_in_flight(status, expected):
     pulled, delta = [np.full(2, 2.0, np.float32)], [np.full(2, 3.0, np.float32)]
-    start = base.DeltaWorker.next_start(status, pulled, None, delta, True)
+    start = base.DeltaRoundRule.next_start(status, pulled, None, delta, True)
     assert start[0].tolist() == [expected] * 2
-    assert base.DeltaWorker.next_start("merged", pulled, None, delta, False) is pulled   # W holds it already
+    assert base.DeltaRoundRule.next_start("merged", pulled, None, delta, False) is pulled   # W holds it already
 
 
 @pytest.mark.parametrize("mode", ["async", "partial-sync", "weed-out"])
@@ -221,9 +225,9 @@ def test_weed_out_runs_without_options_and_its_window_is_the_live_workers():
 @pytest.mark.parametrize("workers, rate", [(1, 0.9), (2, 0.45), (8, 0.1125), (16, 0.05625)])
 def test_easgd_moving_rate_defaults_to_0_9_over_the_live_workers(workers, rate):
     options = resolve_options("easgd", {})
-    d = easgd.Worker.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)], options, workers)
+    d = easgd.RoundRule.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)], options, workers)
     np.testing.assert_allclose(d[0], rate, rtol=1e-6)
-    d = easgd.Worker.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)],
+    d = easgd.RoundRule.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)],
                             dict(options, moving_rate=0.3), workers)
     np.testing.assert_allclose(d[0], 0.3, rtol=1e-6)
 

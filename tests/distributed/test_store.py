@@ -93,11 +93,13 @@ def test_messages_are_checked_and_a_bad_one_is_dropped_with_a_line(store_for, re
     assert store.next_message(0, wire.INBOX) == {"type": "join", "worker": "3", "pid": 7}
     assert store.next_message(0, wire.INBOX) is None
     store.reply_to("3", {"status": "welcome"})
-    assert store.next_reply("3", 0, wire.REPLY) == {"status": "welcome"} and store.next_reply("3", 0, wire.REPLY) is None
+    assert store.next_reply("3", 0, wire.REPLY) == {"status": "welcome"}
+    assert store.next_reply("3", 0, wire.REPLY) is None
     bad = [(b"\x80\x04pickle", "pcd:msg:inbox: a message that is not JSON"),
            (b"[1, 2]", "is not a JSON object"),
            (b" " * (2 << 20), "a message of 2097152 bytes"),
-           (b'{"type": "result", "worker": "0", "round": 1, "epoch": "x"}', "whose 'epoch' is 'x', where a non-negative integer"),
+           (b'{"type": "result", "worker": "0", "round": 1, "epoch": "x"}',
+            "whose 'epoch' is 'x', where a non-negative integer"),
            (b'{"type": "join", "worker": "0", "pid": "abc"}', "whose 'pid' is 'abc'"),
            (b'{"type": "join", "worker": "../0"}', "where a worker id"),
            (b'{"type": "result", "worker": "0", "epoch": 1}', "without its field 'round'"),

@@ -2,13 +2,13 @@
 / --factor), and the worker goes on at once. Workers overlap their exchange with their next round (depth 1).
 Its workers' rate is the solver's times the typical staleness (or --factor): a result of typical staleness then
 counts as one step of one process, so N workers' results are worth N steps (lr_scaling.py, Rule.merged_work)."""
-from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaWorker, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Rule
 
 OPTIONS = (TAU, FACTOR, OVERLAP, COMPRESS) + SCALING
-Worker = DeltaWorker       # this mode's worker side
+RoundRule = DeltaRoundRule       # this mode's worker side
 
 
-class Master(Rule):
+class MergeRule(Rule):
     staleness_aware = True
     advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
 

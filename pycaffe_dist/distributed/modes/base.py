@@ -9,7 +9,8 @@ Each mode module says:
   OPTIONS:      the options it takes (Option, below): the command line's flags and the job spec's values come
                 from these declarations, and nowhere else
   DEFAULTS:     (optional) option name -> this mode's own default for a shared option (local-sgd's tau)
-  Worker:       result(x_start, x_end, gradients, centre, options, workers) -> R, where centre is the last W
+  RoundRule:    the worker side (worker.py's rounds ask it):
+                result(x_start, x_end, gradients, centre, options, workers) -> R, where centre is the last W
                 pulled and workers the live workers the master last counted;
                 next_start(status, pulled, x_end, result, in_flight) -> the weights of the next round, from the
                 last reply's status and W, this round's end and result, and whether that result is in flight;
@@ -17,9 +18,10 @@ Each mode module says:
                 stale its result will be); `gradients`: whether a round is one gradient (no local steps);
                 choose_peer(peers), gossip's only: the worker whose weights to pull instead of W, from the
                 reply's live others (worker.py then reports status 'peer', or 'alone' when there is none)
-  Master:       a Rule (below) with start(workers), on_join(w), on_result(w, message), on_lost(w), over the
-                master's MasterView; merged_work(workers), what one of its merges is worth in one process's steps
-                (the linear scaling rule's k: lr_scaling.py), where Rule's does not fit the mode
+  MergeRule:    the master side: a Rule (below) with start(workers), on_join(w), on_result(w, message),
+                on_lost(w), over the master's MasterView; merged_work(workers), what one of its merges is worth
+                in one process's steps (the linear scaling rule's k: lr_scaling.py), where Rule's does not fit
+                the mode
 """
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
@@ -110,7 +112,7 @@ class MasterView(Protocol):
     def end_update(self): ...                            # it is done: W moves by its compressed change
 
 
-class DeltaWorker:
+class DeltaRoundRule:
     """Workers that run local solver steps and push the change of their weights (sync, async, partial-sync,
     weed-out). After a merge the next round starts from the pulled W plus the delta still in flight, which W
     cannot hold yet; after a drop or a reset, from W alone."""

@@ -22,7 +22,7 @@ def moving_rate(options, workers):
     return options.get("moving_rate") or BETA / max(1, workers)
 
 
-class Worker:
+class RoundRule:
     gradients = False
 
     @staticmethod
@@ -41,7 +41,7 @@ class Worker:
         return version
 
 
-class Master(Rule):
+class MergeRule(Rule):
     advice = "lower the solver's base_lr or --moving-rate (N x rate must stay below 1)"
 
     def on_result(self, worker, message):

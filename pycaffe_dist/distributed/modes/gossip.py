@@ -40,7 +40,7 @@ from .base import OVERLAP, SCALING, TAU, Rule
 OPTIONS = (TAU, OVERLAP) + SCALING
 
 
-class Worker:
+class RoundRule:
     gradients = False
 
     @staticmethod
@@ -66,7 +66,7 @@ class Worker:
         return version
 
 
-class Master(Rule):
+class MergeRule(Rule):
     reads_results = False                       # the weights go from worker to worker, not through the master
     advice = "lower the solver's base_lr"
 

@@ -27,7 +27,7 @@ from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Rule
 OPTIONS = (FACTOR, OVERLAP, COMPRESS) + SCALING
 
 
-class Worker:
+class RoundRule:
     gradients = True
 
     @staticmethod
@@ -43,7 +43,7 @@ class Worker:
         return version
 
 
-class Master(Rule):
+class MergeRule(Rule):
     staleness_aware = True
     depth = 0
     keeps_history = True        # the solver's update rule on the master: its momentum or Adam's moments

@@ -42,7 +42,7 @@ import numpy as np
 from scipy.linalg.blas import saxpy
 
 from . import sync
-from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaWorker, Option
+from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaRoundRule, Option
 
 DEFAULT_TAU = 8
 OUTER_LR = Option("outer_lr", float, 1.0, "the outer optimizer's rate a: W += a (m v + mean delta)",
@@ -51,10 +51,10 @@ OUTER_MOMENTUM = Option("outer_momentum", float, 0.5, "the outer optimizer's Nes
                         "averaging)", lambda value: None if 0 <= value < 1 else "must be in [0, 1), got %s" % value)
 OPTIONS = (TAU, OUTER_LR, OUTER_MOMENTUM, sync.BACKUP, OVERLAP, COMPRESS) + SCALING
 DEFAULTS = {"tau": DEFAULT_TAU}
-Worker = DeltaWorker       # this mode's worker side
+RoundRule = DeltaRoundRule       # this mode's worker side
 
 
-class Master(sync.Master):
+class MergeRule(sync.MergeRule):
     depth = 0              # every worker starts a round from the W of the last outer step (DiLoCo)
     keeps_history = True
     advice = "lower the solver's base_lr, or --outer-lr or --outer-momentum"

@@ -18,12 +18,12 @@ float32 addition is not associative, and a sum in arrival order made two runs of
 from 3 workers on (and local-sgd's plain averaging could not be held to sync's bit for bit)."""
 import numpy as np
 
-from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaWorker, Option, Rule, at_least
+from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaRoundRule, Option, Rule, at_least
 
 BACKUP = Option("backup", int, 0, "close each round when all but B workers have delivered, and drop the late "
                 "results (backup workers)", at_least(0))
 OPTIONS = (TAU, BACKUP, OVERLAP, COMPRESS) + SCALING
-Worker = DeltaWorker       # this mode's worker side
+RoundRule = DeltaRoundRule       # this mode's worker side
 
 
 class SlotOrderSum:
@@ -60,7 +60,7 @@ class SlotOrderSum:
                 t += a
 
 
-class Master(Rule):
+class MergeRule(Rule):
     advice = "lower the solver's base_lr"
     broadcasts_updates = True
 
