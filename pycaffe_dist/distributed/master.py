@@ -85,7 +85,7 @@ class Settings(JsonSettings):
     python_layers: list = dataclasses.field(default_factory=list)  # modules a resumed job's spec may name
 
 
-class MergeRule(stop_signals.StopRequests):
+class Master(stop_signals.StopRequests):
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.log = log

@@ -94,7 +94,7 @@ class ExchangeBuffers:
         return self._gradients[self._computed % 2]
 
 
-class RoundRule:
+class Worker:
     def __init__(self, urls, job=None, threads=1, master_timeout_s=None, retry_s=30.0, wait_for_job_s=60.0,
                  worker_id=None, delay_s=0.0, python_layers=()):
         self.job = jobs.find_job(urls, job) if job or wait_for_job_s <= 0 else \
