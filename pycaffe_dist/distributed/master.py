@@ -25,7 +25,6 @@ the workers at once and removes the job's keys (unless --keep).
 import dataclasses
 import json
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,16 +35,15 @@ from .. import common
 from ..errors import DivergedError, PycaffeDistError, StoreError
 from ..io.load import read_solver
 from ..solver.solver import Solver
-from ..solver.training_log import caffe_number
-from . import compression, lr_scaling, stop_signals, wire
+from . import compression, lr_scaling, wire
 from .broadcast import MasterUpdates
+from .coordinator import Coordinator, failure_text
 from . import job as jobs
 from .modes import MODES, resolve_options
 from . import results
 from .results import ResultReader
 from .settings import JsonSettings
 from .store import Store, describe
-from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
@@ -85,7 +83,7 @@ class Settings(JsonSettings):
     python_layers: list = dataclasses.field(default_factory=list)  # modules a resumed job's spec may name
 
 
-class Master(stop_signals.StopRequests):
+class Master(Coordinator):
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.log = log
@@ -103,6 +101,9 @@ class Master(stop_signals.StopRequests):
             param = jobs.solver_of(spec, self.store.key("job"))
             mode, options, workers = spec["mode"], spec["options"], spec["workers"]
             self.heartbeat_s = spec["heartbeat_s"]
+            if settings.max_iter is not None:
+                param.max_iter = settings.max_iter
+            self._keep_records(param)
         else:
             mode, workers = settings.mode, settings.workers
             options = resolve_options(mode, settings.options)
@@ -110,19 +111,13 @@ class Master(stop_signals.StopRequests):
             if settings.weights:
                 param.ClearField("weights")
                 param.weights.append(settings.weights)
-            self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
-            self.store = Store(settings.redis, self.job, settings.retry_s)
-            self.store.claim_master(self.heartbeat_s)
-            if self.store.job_spec() is not None:
-                self.store.release_master()
-                raise StoreError("job %s already exists on %s (resume it with --resume, or choose another --job)"
-                                 % (self.job, describe(self.store.urls[0])))
-        if settings.max_iter is not None:
-            param.max_iter = settings.max_iter
-        self.param, self.mode_name, self.options, self.workers_wanted = param, mode, options, int(workers)
+            if settings.max_iter is not None:
+                param.max_iter = settings.max_iter
+            self._open_job(settings, param, "resume it with --resume, or choose another --job")
+        self.mode_name = self.kind = mode
+        self.options, self.workers_wanted = options, int(workers)
         self.solver = Solver(param)
         self.solver.trust = options.get("lars")     # gradient-only's update on the master: --lars clips it too
-        self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
         self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]
         self.names = self.solver.weight_names()
@@ -142,8 +137,8 @@ class Master(stop_signals.StopRequests):
         self.updates = MasterUpdates(payloads, self.shapes) if payloads and self.rule.broadcasts_updates else None
         self.count = 0
         self.members, self.pending, self.replies = {}, {}, []
-        self.dirty, self.started, self.stop_requested = True, False, False
-        self.losses, self.merged_since_display, self.dropped_count = [], 0, 0
+        self.dirty = True
+        self.merged_since_display, self.dropped_count = 0, 0
         self.staleness_sum = self.staleness_count = 0
         self.recent_staleness = None            # the staleness of recent results, averaged (typical_staleness)
         self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
@@ -152,8 +147,6 @@ class Master(stop_signals.StopRequests):
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
         self.slots = {}                         # worker -> the data slot it was last given
         self.cpu_at_start = None
-        self.started_at = self.display_at = time.monotonic()
-        self.test_results, self.snapshots = [], []
         if settings.resume or settings.snapshot:
             self._restore(settings.snapshot)
         self.spec = jobs.make_spec(param, mode, options, self.names, self.shapes, self.heartbeat_s,
@@ -368,8 +361,7 @@ class Master(stop_signals.StopRequests):
             self.rule.settle_weights()          # (gossip: W is the workers' mean only once settled)
             self.backoff.keep(self.weights, self.count)
         self.merged_since_display += 1
-        self.losses.append(loss)
-        self.losses = self.losses[-max(1, self.param.average_loss):]
+        self._add_loss(loss)
         self._after_merge()
 
     def dropped(self, message):
@@ -428,28 +420,21 @@ class Master(stop_signals.StopRequests):
         if self.started:
             self._reset_members()
 
-    def run(self):
-        """Serve until max_iter merges (or a stop request); then test, snapshot, stop the workers, clean up."""
-        restore = stop_signals.catch(self._request_stop)
-        try:
-            self.publish()
-            log.info("Job %s: mode %s, waiting for %d worker(s)", self.job, self.mode_name, self.workers_wanted)
-            self._serve()
-        except DivergedError as exc:
-            self._diverged(exc)
-        except PycaffeDistError as exc:
-            # Redis is gone, the job's data on it damaged, or no worker is left: W goes to disk, so that no merge is
-            # lost, and the workers are told (where Redis still answers).
-            model, state = self._snapshot(files_only=True)
-            self._abandon(str(exc))
-            raise StoreError("%s; the weights at merge %d are in %s (continue with `dist_caffe master --snapshot "
-                             "%s`)" % (exc, self.count, model, state)) from None
-        except BaseException as exc:            # a bug, or a second Ctrl-C: the workers are told all the same
-            self._abandon("the master stopped (%s)" % (type(exc).__name__))
-            raise
-        finally:
-            restore()
-        return self.summary()
+    def _begin(self):
+        self.publish()
+        log.info("Job %s: mode %s, waiting for %d worker(s)", self.job, self.mode_name, self.workers_wanted)
+
+    def _failed(self, exc):
+        """Redis is gone, the job's data on it damaged, or no worker is left: W goes to disk, so that no merge is
+        lost, and the workers are told (where Redis still answers). A bug, or a second Ctrl-C: the workers are told
+        all the same."""
+        if not isinstance(exc, PycaffeDistError):
+            self._abandon(failure_text(exc))
+            return
+        model, state = self._snapshot(files_only=True)
+        self._abandon(str(exc))
+        raise StoreError("%s; the weights at merge %d are in %s (continue with `dist_caffe master --snapshot %s`)"
+                         % (exc, self.count, model, state)) from None
 
     def _abandon(self, why):
         """The job ends early: tell the workers why and remove the job's keys, as far as Redis still answers (a
@@ -697,9 +682,7 @@ class Master(stop_signals.StopRequests):
         if p.display and self.count % p.display == 0:
             now = time.monotonic()
             lapse = now - self.display_at
-            log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.count,
-                     caffe_number(self.merged_since_display / (lapse or 1)), caffe_number(lapse), p.display,
-                     caffe_number(np.float32(np.mean(self.losses))))
+            self._display(self.count, self.merged_since_display, lapse)
             log.info("Workers: %s", self.rates_text())
             self.display_at, self.merged_since_display = now, 0
         if p.test_interval and self.count % p.test_interval == 0 and self.count < p.max_iter:
@@ -710,19 +693,13 @@ class Master(stop_signals.StopRequests):
     def _test(self):
         if self.tester is not None:
             self.rule.settle_weights()
-            self.tester.start(self.weights, self.count)
-
-    def _scored(self, iteration, scores):
-        """The tester's scores of W at merge `iteration` (on the tester's thread)."""
-        for i, net_scores in enumerate(scores):
-            self.test_results.append({"iter": iteration, "time_s": time.monotonic() - self.started_at,
-                                      "net": i, "scores": dict(net_scores)})
+            self._test_weights(self.weights, self.count)
 
     def _snapshot(self, files_only=False):
         if not files_only:              # (files_only: Redis is gone or W diverged; W stays as it is)
             self.rule.settle_weights()
         model, state = self.solver.snapshot_at(self.count)
-        self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
+        self._snapshotted(model)
         if self.rule.keeps_history and not files_only:
             self._save_history()
         return model, state
@@ -779,12 +756,8 @@ class Master(stop_signals.StopRequests):
 
     def progress(self):
         now = time.monotonic()
-        return {"job": self.job, "mode": self.mode_name, "count": self.count, "max_iter": self.param.max_iter,
-                "loss": float(np.mean(self.losses)) if self.losses else None, "started": self.started,
-                "elapsed_s": now - self.started_at, "exchange_share": self.exchange_share(),
-                "workers": {m.id: m.images / max(1e-9, now - max(m.first_seen, self.started_at))
-                            for m in self.members.values()},
-                "test": self.test_results[-1] if self.test_results else None, "snapshots": self.snapshots}
+        return self.progress_of(self.count, {m.id: m.images / max(1e-9, now - max(m.first_seen, self.started_at))
+                                             for m in self.members.values()}, exchange_share=self.exchange_share())
 
     def summary(self):
         images = sum(m.images for m in self.members.values())

@@ -9,7 +9,6 @@ from (the same fillers under the same seed), and a job started from a snapshot o
 """
 import dataclasses
 import logging
-import os
 import time
 
 import numpy as np
@@ -24,10 +23,9 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import pipeline
-from . import stop_signals, wire
+from . import wire
+from .coordinator import Coordinator
 from .settings import JsonSettings
-from .store import Store, describe
-from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
@@ -56,7 +54,8 @@ def micro_batches_for(sizes, stages, asked=None):
     return next(m for m in range(min(stages, batch), batch + 1) if all(s % m == 0 for s in sizes.values()))
 
 
-class PipelineMaster(stop_signals.StopRequests):
+class PipelineMaster(Coordinator):
+    kind = "pipeline"
     stopping_whom = "the stages"
 
     def __init__(self, settings):
@@ -98,18 +97,10 @@ class PipelineMaster(stop_signals.StopRequests):
             cuts=[{"blobs": c.blobs, "shapes": micro_shapes(c.shapes), "needs_diff": c.needs_diff}
                   for c in self.partition.cuts],
             micro_batches=self.micro, start=self.count, current_step=self.current_step, max_iter=param.max_iter)
-        self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
-        self.store = Store(settings.redis, self.job, settings.retry_s)
-        if self.store.job_spec() is not None:
-            raise StoreError("job %s already exists on %s (choose another --job)" % (self.job,
-                                                                                    describe(self.store.urls[0])))
-        self.store.claim_master(settings.heartbeat_s)
-        self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
+        self._open_job(settings, param)
         self.ready, self.reports, self.states, self.finals = {}, {}, {}, {}
         self.stage_stats = {s: {"compute_s": 0.0, "wait_s": 0.0, "iterations": 0} for s in range(self.stage_count)}
-        self.losses, self.test_results, self.snapshots = [], [], []
-        self.stop_requested = self.halt_sent = self.started = False
-        self.started_at = self.display_at = time.monotonic()
+        self.halt_sent = False
         self.done_count = self.count
         self.images_per_iteration = self.solver.images_per_iteration
 
@@ -126,26 +117,16 @@ class PipelineMaster(stop_signals.StopRequests):
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
-    def run(self):
-        restore = stop_signals.catch(self._request_stop)
-        try:
-            for s in range(self.stage_count):
-                self.store.put_result(pipeline.state_blobs(s), self._state_arrays(s), self.count)
-            self.store.publish_job(self.spec)
-            self.store.master_heartbeat(self.settings.heartbeat_s)
-            log.info("Pipeline of %d stages, %d micro-batches per batch of %d images: %s", self.stage_count, self.micro,
-                     self.images_per_iteration // max(1, self.param.iter_size),
-                     "; ".join("stage %d %s..%s" % (s, self.solver.train_net.layer_names[a],
-                                                    self.solver.train_net.layer_names[b])
-                               for s, (a, b) in enumerate(self.partition.ranges)))
-            self._serve()
-        except BaseException as exc:
-            self._end(failed=True, why=str(exc) if isinstance(exc, PycaffeDistError) else
-                      "the master stopped (%s)" % type(exc).__name__)
-            raise
-        finally:
-            restore()
-        return self.summary()
+    def _begin(self):
+        for s in range(self.stage_count):
+            self.store.put_result(pipeline.state_blobs(s), self._state_arrays(s), self.count)
+        self.store.publish_job(self.spec)
+        self.store.master_heartbeat(self.settings.heartbeat_s)
+        log.info("Pipeline of %d stages, %d micro-batches per batch of %d images: %s", self.stage_count, self.micro,
+                 self.images_per_iteration // max(1, self.param.iter_size),
+                 "; ".join("stage %d %s..%s" % (s, self.solver.train_net.layer_names[a],
+                                                self.solver.train_net.layer_names[b])
+                           for s, (a, b) in enumerate(self.partition.ranges)))
 
     def _serve(self):
         last_check = time.monotonic()
@@ -213,15 +194,12 @@ class PipelineMaster(stop_signals.StopRequests):
             return
         del self.reports[it]
         loss = float(np.float32(sum(np.float32(m.get("loss", 0.0)) for m in reports.values())))
-        self.losses = (self.losses + [loss])[-max(1, self.param.average_loss):]
+        self._add_loss(loss)
         self.count = it + 1
         p = self.param
         if p.display and it % p.display == 0:
             now = time.monotonic()
-            lapse = now - self.display_at
-            log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", it,
-                     caffe_number(p.display / (lapse or 1) if it else 0), caffe_number(lapse), p.display,
-                     caffe_number(np.float32(np.mean(self.losses))))
+            self._display(it, p.display if it else 0, now - self.display_at)
             log.info("Iteration %d, lr = %s", it, caffe_number(np.float32(reports[0].get("rate", 0.0))))
             log.info("Stages: %s", self.stages_text())
             self.display_at = now
@@ -250,18 +228,12 @@ class PipelineMaster(stop_signals.StopRequests):
                                        "stages" % (name.replace("stage", "stage "), self.settings.heartbeat_s))
 
     def _test(self, count):
-        if self.tester is not None:
-            self.tester.start(self.solver.weights, count)
-
-    def _scored(self, iteration, scores):
-        for i, net_scores in enumerate(scores):
-            self.test_results.append({"iter": iteration, "time_s": time.monotonic() - self.started_at,
-                                      "net": i, "scores": dict(net_scores)})
+        self._test_weights(self.solver.weights, count)
 
     def _snapshot(self, count):
         self.solver.set_position(count, self.current_step_at(count))
         model, _ = self.solver.snapshot_at(count)
-        self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
+        self._snapshotted(model)
 
     def current_step_at(self, count):
         return lr_policy.steps_taken(self.param, count)
@@ -301,16 +273,12 @@ class PipelineMaster(stop_signals.StopRequests):
         return ", ".join(parts)
 
     def progress(self):
-        now = time.monotonic()
-        elapsed = max(1e-9, now - self.started_at)
+        elapsed = max(1e-9, time.monotonic() - self.started_at)
         total = sum(s["compute_s"] + s["wait_s"] for s in self.stage_stats.values())
         done = self.count - self.spec["start"]
-        return {"job": self.job, "mode": "pipeline", "count": self.count, "max_iter": self.param.max_iter,
-                "loss": float(np.mean(self.losses)) if self.losses else None, "started": self.started,
-                "elapsed_s": now - self.started_at,
-                "exchange_share": sum(s["wait_s"] for s in self.stage_stats.values()) / total if total else 0.0,
-                "workers": {str(s): done * self.images_per_iteration / elapsed for s in range(self.stage_count)},
-                "test": self.test_results[-1] if self.test_results else None, "snapshots": self.snapshots}
+        return self.progress_of(
+            self.count, {str(s): done * self.images_per_iteration / elapsed for s in range(self.stage_count)},
+            exchange_share=sum(s["wait_s"] for s in self.stage_stats.values()) / total if total else 0.0)
 
     def summary(self):
         return dict(self.progress(), stages=self.stage_count, micro_batches=self.micro, tests=self.test_results,

@@ -31,7 +31,6 @@ counts as a step too long.
 import dataclasses
 import logging
 import math
-import os
 import secrets
 import time
 
@@ -47,10 +46,9 @@ from ..solver.solver import Solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import sandblaster
-from . import stop_signals, wire
+from . import wire
+from .coordinator import Coordinator
 from .settings import JsonSettings
-from .store import Store, describe
-from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
@@ -89,7 +87,9 @@ class Evaluation:
         self.loss, self.batches = 0.0, 0
 
 
-class SandblasterMaster(stop_signals.StopRequests):
+class SandblasterMaster(Coordinator):
+    kind = "sandblaster"
+
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.settings = settings.check()
@@ -130,20 +130,12 @@ class SandblasterMaster(stop_signals.StopRequests):
                          feed=text_format.MessageToString(net_cuts.feed_net_param(net)),
                          state=text_format.MessageToString(net.state), start=self.count,
                          seed=param.random_seed if param.random_seed >= 0 else secrets.randbelow(1 << 31))
-        self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
-        self.store = Store(settings.redis, self.job, settings.retry_s)
-        if self.store.job_spec() is not None:
-            raise StoreError("job %s already exists on %s (choose another --job)" % (self.job,
-                                                                                    describe(self.store.urls[0])))
-        self.store.claim_master(settings.heartbeat_s)
-        self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
+        self._open_job(settings, param)
         self.members = {}               # live workers: id -> what they said when ready
         self.counts = {}                # id -> {"units", "batches", "compute_s", "pushes"}
         self.evaluation, self.evaluations, self.batches_done = None, 0, 0
         self.scratch = np.empty(self.x.size, np.float32)
-        self.losses, self.test_results, self.snapshots = [], [], []
-        self.stop_requested = self.started = False
-        self.started_at = self.display_at = self.last_message = time.monotonic()
+        self.last_message = time.monotonic()
         self.last_housekeeping = 0.0
         self.slowest_unit_s = 0.0
         self.lbfgs_events = {"skipped": 0, "restarts": 0, "failed": 0}
@@ -154,25 +146,16 @@ class SandblasterMaster(stop_signals.StopRequests):
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
-    def run(self):
-        restore = stop_signals.catch(self._request_stop)
-        try:
-            self.store.publish_job(self.spec)
-            self.store.master_heartbeat(self.settings.heartbeat_s)
-            log.info("Sandblaster L-BFGS: %d pairs of memory; samples of %d batches of %d images, in units of %d "
-                     "batches; learning rates, momentum and the lr policy do not apply", self.settings.memory,
-                     self.settings.sample_batches, self.batch, self.settings.unit_batches)
-            self._wait_for_workers()
-            self._train()
-        except DivergedError as exc:
-            self._diverged(exc)
-        except BaseException as exc:
-            self._end(failed=True, why=str(exc) if isinstance(exc, PycaffeDistError) else
-                      "the master stopped (%s)" % type(exc).__name__)
-            raise
-        finally:
-            restore()
-        return self.summary()
+    def _begin(self):
+        self.store.publish_job(self.spec)
+        self.store.master_heartbeat(self.settings.heartbeat_s)
+        log.info("Sandblaster L-BFGS: %d pairs of memory; samples of %d batches of %d images, in units of %d "
+                 "batches; learning rates, momentum and the lr policy do not apply", self.settings.memory,
+                 self.settings.sample_batches, self.batch, self.settings.unit_batches)
+
+    def _serve(self):
+        self._wait_for_workers()
+        self._train()
 
     def _wait_for_workers(self):
         while len(self.members) < self.settings.workers:
@@ -225,13 +208,11 @@ class SandblasterMaster(stop_signals.StopRequests):
             self.lbfgs_events["skipped"] += 1
             log.info("Iteration %d: pair skipped: s'y <= %g |s| |y| (no curvature to store)", it,
                      self.optimizer.pairs.eps)
-        self.losses = (self.losses + [step.f])[-max(1, p.average_loss):]
+        self._add_loss(step.f)
         if p.display and it % p.display == 0:
             now = time.monotonic()
             lapse, self.display_at = now - self.display_at, now
-            log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", it,
-                     caffe_number(p.display / (lapse or 1) if it else 0), caffe_number(lapse), p.display,
-                     caffe_number(np.float32(np.mean(self.losses))))
+            self._display(it, p.display if it else 0, lapse)
             log.info("Iteration %d, step = %s, evaluations = %d (%d in all), pairs = %d, loss at the start = %s",
                      it, caffe_number(np.float32(step.step)), step.evaluations + 1, self.evaluations,
                      len(self.optimizer.pairs), caffe_number(np.float32(f)))
@@ -374,19 +355,13 @@ class SandblasterMaster(stop_signals.StopRequests):
     # --- tests, snapshots, the end -------------------------------------------------------------------------------
 
     def _test(self):
-        if self.tester is not None:
-            self.tester.start(self.views(self.x), self.count)
-
-    def _scored(self, iteration, scores):
-        for i, net_scores in enumerate(scores):
-            self.test_results.append({"iter": iteration, "time_s": time.monotonic() - self.started_at,
-                                      "net": i, "scores": dict(net_scores)})
+        self._test_weights(self.views(self.x), self.count)
 
     def _snapshot(self):
         self.solver.set_weights(self.views(self.x))
         self.solver.set_position(self.count, 0)
         model, _ = self.solver.snapshot_at(self.count)
-        self.snapshots = (self.snapshots + [os.path.abspath(model)])[-10:]
+        self._snapshotted(model)
         return model
 
     def _finish(self):
@@ -435,13 +410,9 @@ class SandblasterMaster(stop_signals.StopRequests):
         return max(0.0, 1.0 - busy / (elapsed * len(self.counts))) if self.counts and self.started else 0.0
 
     def progress(self):
-        now = time.monotonic()
-        elapsed = max(1e-9, now - self.started_at)
-        return {"job": self.job, "mode": "sandblaster", "count": self.count, "max_iter": self.param.max_iter,
-                "loss": float(np.mean(self.losses)) if self.losses else None, "started": self.started,
-                "elapsed_s": now - self.started_at, "idle_share": self.idle_share(elapsed),
-                "workers": {w: c["batches"] * self.batch / elapsed for w, c in self.counts.items()},
-                "test": self.test_results[-1] if self.test_results else None, "snapshots": self.snapshots}
+        elapsed = max(1e-9, time.monotonic() - self.started_at)
+        return self.progress_of(self.count, {w: c["batches"] * self.batch / elapsed for w, c in self.counts.items()},
+                                idle_share=self.idle_share(elapsed))
 
     def summary(self):
         return dict(self.progress(), evaluations=self.evaluations, batches=self.batches_done,
