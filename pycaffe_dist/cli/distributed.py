@@ -175,7 +175,7 @@ def run_launched_job(start, children, master):
 def cmd_master(args):
     """The master of a distributed job: publishes it on Redis, merges the workers' results, tests, snapshots."""
     from ..distributed.master import Master, Settings
-    from ..distributed.store import describe
+    from ..distributed.redis_client import describe
     from ..solver import training_log
     if args.settings is not None:
         if args.solver or args.resume:

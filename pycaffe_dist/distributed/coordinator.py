@@ -24,7 +24,8 @@ from ..errors import DivergedError, PycaffeDistError, StoreError
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import stop_signals
-from .store import Store, describe
+from .redis_client import describe
+from .store import Store
 from .tester import Tester
 
 log = logging.getLogger("pycaffe_dist.solver")

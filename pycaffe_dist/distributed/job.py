@@ -16,7 +16,8 @@ from ..errors import StoreError
 from ..io.load import read_net
 from ..proto import caffe_pb2
 from . import wire
-from .store import describe, job_ids
+from .redis_client import describe
+from .store import job_ids
 from .wire import DamagedData
 
 SPEC_VERSION = 1

@@ -15,7 +15,8 @@ import time
 from ..errors import PycaffeDistError, StoreError
 from . import job as jobs
 from . import wire
-from .store import Store, local_address
+from .redis_client import local_address
+from .store import Store
 
 POLL_S = 0.5                    # seconds a wait for a message blocks before it checks on the job and its master
 MASTER_TIMEOUT_BEATS = 10       # heartbeats without the master before a process gives up

@@ -27,7 +27,8 @@ import urllib.parse
 from ..errors import PycaffeDistError, StoreError
 from . import links as network
 from .job import new_job_id, trusted_modules
-from .store import PASSWORD_ENV, Store, server_answers
+from .redis_client import PASSWORD_ENV, server_answers
+from .store import Store
 
 log = logging.getLogger("pycaffe_dist.distributed")
 

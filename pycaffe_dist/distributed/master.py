@@ -43,7 +43,8 @@ from .modes import MODES, resolve_options
 from . import results
 from .results import ResultReader
 from .settings import JsonSettings
-from .store import Store, describe
+from .redis_client import describe
+from .store import Store
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2

@@ -5,7 +5,8 @@ import json
 
 from ..errors import StoreError
 from .job import check_spec
-from .store import Store, describe, job_ids
+from .redis_client import describe
+from .store import Store, job_ids
 
 
 def job_status(store):

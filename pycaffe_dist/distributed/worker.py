@@ -34,7 +34,8 @@ from .compression import Damaged, ErrorFeedback, format_of
 from .job_process import MASTER_TIMEOUT_BEATS, POLL_S, Stopped     # (one meaning for every worker-side process)
 from .modes import MODES
 from .results import first_non_finite
-from .store import Store, local_address
+from .redis_client import local_address
+from .store import Store
 
 log = logging.getLogger("pycaffe_dist.distributed")
 

@@ -13,7 +13,8 @@ from google.protobuf import text_format
 
 from pycaffe_dist.data.sources import open_writer
 from pycaffe_dist.distributed.launch import LocalRedis
-from pycaffe_dist.distributed.store import PASSWORD_ENV, Store, connect
+from pycaffe_dist.distributed.redis_client import PASSWORD_ENV, connect
+from pycaffe_dist.distributed.store import Store
 from pycaffe_dist.proto import caffe_pb2
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ import pytest
 
 from pycaffe_dist.distributed import wire
 from pycaffe_dist.distributed.launch import LocalRedis
-from pycaffe_dist.distributed.store import Store, connect
+from pycaffe_dist.distributed.redis_client import connect
+from pycaffe_dist.distributed.store import Store
 
 from .conftest import accuracies, keys_of, wait_for_merges
 

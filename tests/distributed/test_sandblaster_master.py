@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pycaffe_dist.distributed.sandblaster_master import SandblasterMaster, Settings
-from pycaffe_dist.distributed.store import PASSWORD_ENV
+from pycaffe_dist.distributed.redis_client import PASSWORD_ENV
 
 from .conftest import accuracies, needs_fashion_mnist, train_on_workers
 

@@ -8,7 +8,8 @@ import pytest
 
 from pycaffe_dist.distributed import wire
 from pycaffe_dist.distributed.launch import LocalRedis
-from pycaffe_dist.distributed.store import HEADER, Store, connect, job_ids
+from pycaffe_dist.distributed.redis_client import connect
+from pycaffe_dist.distributed.store import HEADER, Store, job_ids
 from pycaffe_dist.errors import StoreError
 
 from .conftest import keys_of

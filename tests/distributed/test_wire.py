@@ -8,7 +8,7 @@ import pytest
 from pycaffe_dist.distributed import job as jobs
 from pycaffe_dist.distributed import wire
 from pycaffe_dist.distributed.launch import without_password
-from pycaffe_dist.distributed.store import describe
+from pycaffe_dist.distributed.redis_client import describe
 from pycaffe_dist.errors import StoreError
 from pycaffe_dist.proto import caffe_pb2
 
