@@ -41,6 +41,14 @@ def add_python_layers_flag(parser):
                         "`train --workers` allows those of its own solver)")
 
 
+def add_patience_flags(parser):
+    """How long a worker-side process waits for what is not there: its master, and an unreachable Redis."""
+    parser.add_argument("--master-timeout", type=float, help="seconds without the master's heartbeat before giving "
+                        "up (default: 10 x the job's --heartbeat, 50 s at its default)")
+    parser.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
+                        "giving up (default 30)")
+
+
 def mode_options_given(args):
     """(Option, value given or None) for every mode option."""
     return [(option, getattr(args, option.name, None)) for option in modes.all_options()]
@@ -94,8 +102,6 @@ def cmd_train_distributed(args):
     """`train --workers N`: a private redis-server (or --redis), the master and N workers on this machine."""
     from ..distributed import launch
     from ..distributed.master import Settings
-    if args.snapshot and args.weights:
-        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     if args.workers < 1:
         raise PycaffeDistError("--workers must be at least 1, got %d" % args.workers)
     link = checked_link(args)
@@ -259,8 +265,6 @@ def add_verbs(verbs):
     p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), as the master's")
     p.add_argument("--job", help="job id (default: the only job on the server)")
     p.add_argument("--threads", type=int, help="CPU threads (default 1)")
-    p.add_argument("--master-timeout", type=float, help="seconds without the master's heartbeat before giving up "
-                   "(default: 10 x the job's --heartbeat, 50 s at its default)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
                    "(default 60)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
@@ -268,8 +272,7 @@ def add_verbs(verbs):
     p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every round: a straggler "
                    "on purpose, for trying out backup workers and weed-out (default 0)")
-    p.add_argument("--redis-retry", type=float, default=30.0, help="seconds to retry an unreachable Redis before "
-                   "giving up (default 30)")
+    add_patience_flags(p)
     p.set_defaults(func=cmd_worker)
 
     p = verbs.add_parser("status", help="a distributed job's workers, rates, iteration, last test and snapshots")

@@ -7,8 +7,8 @@ import sys
 from ..backend import select
 from ..errors import PycaffeDistError
 from ..distributed.job import modules_flag
-from .distributed import (add_python_layers_flag, checked_link, choose_process_gpu, mode_options_given,
-                          run_launched_job)
+from .distributed import (add_patience_flags, add_python_layers_flag, checked_link, choose_process_gpu,
+                          mode_options_given, run_launched_job)
 
 
 def cmd_train_pipeline(args):
@@ -31,8 +31,6 @@ def cmd_train_pipeline(args):
                                    "private redis-server)" % flag)
     gpus = select.parse_gpus(args.gpu)
     link = checked_link(args)
-    if args.snapshot and args.weights:
-        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     settings = Settings(solver=args.solver, stages=args.pipeline, micro_batches=args.micro_batches, job=args.job,
                         snapshot=args.snapshot, weights=args.weights, heartbeat_s=args.heartbeat, keep=args.keep,
                         max_iter=args.iterations, stats_path=args.stats, log=args.log)
@@ -59,7 +57,8 @@ def cmd_stage(args):
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
     choose_process_gpu(args.gpu)
     stage = Stage(args.redis, args.job, args.stage, threads=args.threads or 1, wait_for_job_s=args.wait,
-                  python_layers=modules_flag(args.python_layers))
+                  python_layers=modules_flag(args.python_layers), master_timeout_s=args.master_timeout,
+                  retry_s=args.redis_retry)
     stats = stage.run()
     print("stage %d: %d iterations, %.1f s computing, %.1f s waiting" % (
         args.stage, stats["iterations"], stats["compute_s"], stats["wait_s"]), file=sys.stderr)
@@ -77,6 +76,7 @@ def add_verbs(verbs):
     p.add_argument("--job", help="job id (default: the only job on the server)")
     p.add_argument("--stage", type=int, required=True, help="which stage (0: the data and the first layers)")
     add_python_layers_flag(p)
+    add_patience_flags(p)
     p.add_argument("--threads", type=int, help="CPU threads (default 1)")
     p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "

@@ -7,8 +7,8 @@ import sys
 from ..backend import select
 from ..errors import PycaffeDistError
 from ..distributed.job import modules_flag
-from .distributed import (add_python_layers_flag, checked_link, choose_process_gpu, mode_options_given,
-                          run_launched_job)
+from .distributed import (add_patience_flags, add_python_layers_flag, checked_link, choose_process_gpu,
+                          mode_options_given, run_launched_job)
 
 MODE = "sandblaster"
 # (flag, Settings field, help); their defaults are distributed/sandblaster_master.py's
@@ -53,8 +53,6 @@ def cmd_train_sandblaster(args):
                                    "at a private redis-server)" % flag)
     gpus = select.parse_gpus(args.gpu)
     link = checked_link(args)
-    if args.snapshot and args.weights:
-        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     slow = dict(args.slow_worker)
     if any(i >= args.workers for i in slow):
         raise PycaffeDistError("--slow-worker names worker %d, but the workers are 0 to %d"
@@ -88,7 +86,8 @@ def cmd_sandblaster_worker(args):
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
     choose_process_gpu(args.gpu)
     worker = SandblasterWorker(args.redis, args.job, threads=args.threads or 1, wait_for_job_s=args.wait,
-                               worker_id=args.id, delay_s=args.delay, python_layers=modules_flag(args.python_layers))
+                               worker_id=args.id, delay_s=args.delay, python_layers=modules_flag(args.python_layers),
+                               master_timeout_s=args.master_timeout, retry_s=args.redis_retry)
     stats = worker.run()
     print("worker %s: %d units (%d batches) in %d pushes, %.1f s computing" % (
         worker.id, stats["units"], stats["batches"], stats["pushes"], stats["compute_s"]), file=sys.stderr)
@@ -108,6 +107,7 @@ def add_verbs(verbs):
     p.add_argument("--job", help="job id (default: the only job on the server)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
     add_python_layers_flag(p)
+    add_patience_flags(p)
     p.add_argument("--threads", type=int, help="CPU threads (default 1)")
     p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "

@@ -49,6 +49,8 @@ def cmd_train(args):
     from ..io.load import read_solver
     from ..solver import training_log
     from ..solver.solver import Solver
+    if args.snapshot and args.weights:         # (every kind of job: one process, workers, Sandblaster, a pipeline)
+        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     if args.mode == sandblaster.MODE:
         return sandblaster.cmd_train_sandblaster(args)
     sandblaster.refuse_flags_without_the_mode(args)
@@ -65,8 +67,6 @@ def cmd_train(args):
         if args.workers is None:
             raise PycaffeDistError("--mode and --redis train on workers: give --workers N")
         return distributed.cmd_train_distributed(args)
-    if args.snapshot and args.weights:
-        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
     given = [option.flag for option, value in distributed.mode_options_given(args) if value is not None]
     if given:
         raise PycaffeDistError("%s: options of the distributed modes: give --workers N" % ", ".join(given))
