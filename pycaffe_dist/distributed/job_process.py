@@ -1,11 +1,13 @@
-"""What a process of a Sandblaster job (sandblaster.py's workers) or of a pipeline (pipeline.py's stages) does the
-same way: find the job and wait for its spec, beat its heart, take the master's control messages (stop, ack), give
-up when the job ends or its master is gone, and run in one frame that says ready, reports any failure to the master
-in one message, and leaves. A subclass names itself (`name`: its heartbeat and queue owner; `identity()`: how its
-messages to the master say who sent them) and does its work in `_build` and `_main`.
+"""The worker side of every kind of job: what a data-parallel worker (worker.py), a Sandblaster worker
+(sandblaster.py) and a pipeline's stage (pipeline.py) do the same way: find the job (waiting for one to be
+published when none is named), wait for its spec and check it, beat its heart, give up when the job ends or its
+master is gone. Sandblaster's workers and the stages also share the rest: the master's control messages (stop,
+ack), and one frame that says ready, reports any failure to the master in one message, and leaves. A subclass
+names itself (`name`: its heartbeat and queue owner; `identity()`: how its messages to the master say who sent
+them) and does its work in `_build` and `_main`.
 
-The data-parallel workers (worker.py) meet the master differently (they join, pull and push the modes' way) and
-keep their own loop; they share the heartbeat (beat), Stopped, and the waits (POLL_S, MASTER_TIMEOUT_BEATS).
+The data-parallel workers meet the master differently (they join, pull and push the modes' way: worker.py) and
+keep their own frame over this base.
 """
 import os
 import socket
@@ -37,13 +39,27 @@ class Stopped(Exception):
     """The master said stop, or the job is done."""
 
 
+def find_or_wait_for_job(urls, job, wait_s):
+    """The job named, or the only one on the server, waiting up to wait_s for one to be published."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return jobs.find_job(urls, job)
+        except StoreError:
+            if job or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 class JobProcess:
     def __init__(self, urls, job, spec_kind, what, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
                  python_layers=()):
-        self.job = jobs.find_job(urls, job)
+        self.job = find_or_wait_for_job(urls, job, wait_for_job_s)
         self.store = Store(urls, self.job, retry_s)
         self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, spec_kind, what, python_layers)
         self.heartbeat_s = float(self.spec["heartbeat_s"])
+        # A master is gone after this long without its heartbeat: the job's heartbeat setting, ten times over (a
+        # master busy with a snapshot or a test on one core still beats within it).
         self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
         self.stopping, self.error = threading.Event(), None
         self.unacked = False            # a result of ours the master has not acknowledged yet

@@ -28,14 +28,13 @@ from ..backend import select
 from ..errors import PycaffeDistError, StoreError
 from ..solver.solver import Solver
 from . import job as jobs
-from . import job_process, wire
+from . import wire
 from .broadcast import WorkerUpdates
 from .compression import Damaged, ErrorFeedback, format_of
-from .job_process import MASTER_TIMEOUT_BEATS, POLL_S, Stopped     # (one meaning for every worker-side process)
+from .job_process import POLL_S, JobProcess, Stopped
 from .modes import MODES
 from .results import first_non_finite
 from .redis_client import local_address
-from .store import Store
 
 log = logging.getLogger("pycaffe_dist.distributed")
 
@@ -95,42 +94,21 @@ class ExchangeBuffers:
         return self._gradients[self._computed % 2]
 
 
-class Worker:
+class Worker(JobProcess):
     def __init__(self, urls, job=None, threads=1, master_timeout_s=None, retry_s=30.0, wait_for_job_s=60.0,
                  worker_id=None, delay_s=0.0, python_layers=()):
-        self.job = jobs.find_job(urls, job) if job or wait_for_job_s <= 0 else \
-            self._wait_for_a_job(urls, wait_for_job_s)
-        self.store = Store(urls, self.job, retry_s)
+        super().__init__(urls, job, None, "a data-parallel job", max(0.0, wait_for_job_s), master_timeout_s, retry_s,
+                         python_layers)
         self.threads = threads
         self.delay_s = delay_s              # seconds added to every round: a straggler on purpose, for tests
-        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, None, "a data-parallel job",
-                                       python_layers)
         self.mode = MODES[self.spec["mode"]].RoundRule
         self.tau = int(self.spec["options"].get("tau", 1))     # gradient-only has no tau: one gradient a round
-        self.heartbeat_s = float(self.spec["heartbeat_s"])
-        # A master is gone after this long without its heartbeat: the job's heartbeat setting, ten times over (a
-        # master busy with a snapshot or a test on one core still beats within it).
-        self.master_timeout_s = master_timeout_s or MASTER_TIMEOUT_BEATS * self.heartbeat_s
-        self.id = self.store.claim_worker_id(worker_id)
-        self.epoch, self.stopping, self.error = 0, threading.Event(), None
+        self.id = self.name = self.store.claim_worker_id(worker_id)
+        self.epoch = 0
         self.stats = {"rounds": 0, "images": 0, "averagings": 0}
         self.updates = None                 # WorkerUpdates, in a job with compressed updates
 
-    @staticmethod
-    def _wait_for_a_job(urls, wait_s):
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                return jobs.find_job(urls, None)
-            except StoreError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    # --- heartbeats and messages -----------------------------------------------------------------------------
-
-    def _beat(self):
-        job_process.beat(self, self.id)
+    # --- messages --------------------------------------------------------------------------------------------
 
     def _send_and_await(self, message, accept):
         """Send `message` to the master and return the next reply `accept` takes (others are stale and skipped);
