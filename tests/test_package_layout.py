@@ -315,3 +315,18 @@ def test_the_beside_check_can_fail():
     assert beside_the_checkout('GOLDEN = REPO.parent / "shared" / "golden"\nx = "../shared/zoo/a"\n') == [
         'GOLDEN = REPO.parent / "shared" / "golden"', 'x = "../shared/zoo/a"']
     assert beside_the_checkout('kit = "../shared/gpu-kit"') == []
+
+
+def test_the_master_view_is_true_to_the_master():
+    """Every member of modes.base.MasterView (what a mode's rule may ask of the master) is the master's, with the
+    same parameters: the view cannot drift from what it describes."""
+    import inspect
+    from pycaffe_dist.distributed.master import Master
+    from pycaffe_dist.distributed.modes.base import MasterView
+    members = [name for name, value in vars(MasterView).items() if callable(value) and not name.startswith("_")]
+    assert len(members) >= 10
+    for name in members:
+        view = inspect.signature(getattr(MasterView, name))
+        real = inspect.signature(getattr(Master, name))
+        assert list(view.parameters) == list(real.parameters), (name, view, real)
+    assert "log" in MasterView.__annotations__
