@@ -28,7 +28,8 @@ import math
 
 import numpy as np
 
-from ..errors import PycaffeDistError, StoreError
+from ..errors import PycaffeDistError
+from .wire import DamagedData
 
 MAGIC, VERSION = b"PCDZ", 1
 HEADER = np.dtype([("magic", "S4"), ("version", "u1"), ("codec", "u1"), ("reserved", "<u2"), ("count", "<u4"),
@@ -204,8 +205,8 @@ def format_of(options, shapes):
 
 def read_error(store, worker, problem):
     """The one line a damaged payload is: the key named."""
-    return StoreError("job %s: %s holds a damaged or foreign compressed result: %s"
-                      % (store.job, store.key("x", worker, "*"), problem))
+    return DamagedData("job %s: %s holds a damaged or foreign compressed result: %s"
+                       % (store.job, store.key("x", worker, "*"), problem))
 
 
 class ErrorFeedback:

@@ -262,10 +262,20 @@ class Master(Coordinator):
         if message is not None and (round_id is None or message.get("round") == round_id):
             self.replies.append((worker, message))
 
+    def _take(self, worker):
+        """(worker's result, the index of its first blob holding NaN or Inf); (None, None) when it is not on Redis
+        or damaged there (of another size or type, a foreign compressed payload): such a result is refused with one
+        line, as a bad message is, and the worker starts again from W."""
+        try:
+            return self.reader.take(worker)
+        except wire.DamagedData as exc:
+            self.store.refuse("worker %s's result is not merged: %s" % (worker, exc))
+            return None, None
+
     def read_result(self, worker):
         """Worker `worker`'s last result (read ahead, or now); a result holding NaN or Inf stops the job
         (DivergedError). Its arrays are the reader's: the rule merges them before on_result returns."""
-        arrays, bad = self.reader.take(worker)
+        arrays, bad = self._take(worker)
         if arrays is None:
             raise ResultLost(worker)
         self.in_use.append(arrays)
@@ -278,7 +288,7 @@ class Master(Coordinator):
         reader's threads; one holding NaN or Inf stops the job (DivergedError) with W as it was."""
         for worker in workers:
             self.reader.start(worker)
-        read = [(worker,) + self.reader.take(worker) for worker in workers]
+        read = [(worker,) + self._take(worker) for worker in workers]
         read = [(worker, arrays, bad) for worker, arrays, bad in read if arrays is not None]
         try:
             for worker, _, bad in read:

@@ -103,6 +103,21 @@ def test_a_damaged_w_stops_every_process_saying_the_data_is_damaged(job, make_so
     job.assert_clean(redis_client)
 
 
+def test_a_damaged_result_is_refused_with_a_line_and_its_worker_starts_again(job, make_solver, store_for,
+                                                                             redis_client):
+    job.start(make_solver(max_iter=1500))
+    wait_for_merges(store_for(job.job), 50)
+    key = "pcd:%s:x:0:0" % job.job
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:                  # (worker 0 writes its own again each round)
+        redis_client.set(key, b"\0" * 12, xx=True)
+    assert job.ended() == {"master": 0, "worker0": 0, "worker1": 0}
+    master = job.log("master")
+    assert "Dropped a message: worker 0's result is not merged: job %s: %s holds 12 bytes" % (job.job, key) in master
+    assert job.procs.stats()["count"] == 1500 and job.procs.stats()["refused_messages"] >= 1
+    job.assert_clean(redis_client)
+
+
 @pytest.mark.parametrize("raw, line", [
     (b"not json", "a message that is not JSON"),
     (b"[" * 40 + b"]" * 40, "a message that is not a JSON object"),
