@@ -330,3 +330,16 @@ def test_the_master_view_is_true_to_the_master():
         real = inspect.signature(getattr(Master, name))
         assert list(view.parameters) == list(real.parameters), (name, view, real)
     assert "log" in MasterView.__annotations__
+
+
+def test_the_version_has_one_place():
+    """pycaffe_dist.__version__ is the version: the package's metadata (pyproject.toml reads it) and
+    `dist_caffe --version` say the same."""
+    import subprocess
+    import sys
+    from importlib import metadata
+    import pycaffe_dist
+    assert 'version = "' not in (PACKAGE.parent / "pyproject.toml").read_text()
+    assert metadata.version("pycaffe-dist") == pycaffe_dist.__version__
+    shown = subprocess.run([sys.executable, "-m", "pycaffe_dist", "--version"], capture_output=True, text=True)
+    assert shown.stdout.strip() == "dist_caffe (pycaffe-dist) %s" % pycaffe_dist.__version__

@@ -8,6 +8,7 @@ import argparse
 import logging
 import sys
 
+from .. import __version__
 from ..errors import PycaffeDistError
 from . import arguments, data, distributed, pipeline, sandblaster, tools, training
 
@@ -17,6 +18,7 @@ def build_parser():
                                      "many (a Redis parameter server).")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and notices at INFO level")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
+    parser.add_argument("--version", action="version", version="dist_caffe (pycaffe-dist) %s" % __version__)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     for group in (training, distributed, pipeline, sandblaster, tools, data):
