@@ -82,7 +82,8 @@ def test_local_sgd_counts_its_outer_step():
     """DiLoCo's outer step multiplies a steady mean delta by a / (1 - m): the rate is scaled by the rest of N."""
     rule = MODES["local-sgd"].MergeRule(_View(), resolve_options("local-sgd", {"outer_lr": 1.0, "outer_momentum": 0.0}))
     assert rule.merged_work(8) == 8
-    rule = MODES["local-sgd"].MergeRule(_View(), resolve_options("local-sgd", {"outer_lr": 0.5, "outer_momentum": 0.75}))
+    options = resolve_options("local-sgd", {"outer_lr": 0.5, "outer_momentum": 0.75})
+    rule = MODES["local-sgd"].MergeRule(_View(), options)
     assert rule.merged_work(8) == 4
 
 
