@@ -44,9 +44,9 @@ at once (a thread per further server), so that each server and each connection m
 import json
 import logging
 import os
+import secrets
 import socket
 import time
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
