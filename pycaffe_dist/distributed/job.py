@@ -29,13 +29,17 @@ def stopped_by_master(job, why):
     return StoreError("job %s %s%s" % (job, STOPPED_BY_MASTER, why))
 
 
+class NoJobYet(StoreError):
+    """No job is on the server (yet): a worker may wait for one to be published."""
+
+
 def find_job(urls, job):
     """The job to join or resume: the one given, or the only one on the (first) server."""
     if job:
         return job
     found = job_ids(urls.split(",")[0])
     if len(found) != 1:
-        raise StoreError("%s jobs on this Redis%s: give --job" % ("no" if not found else len(found),
+        raise (NoJobYet if not found else StoreError)("%s jobs on this Redis%s: give --job" % ("no" if not found else len(found),
                                                                  "" if not found else " (%s)" % ", ".join(found)))
     return found[0]
 

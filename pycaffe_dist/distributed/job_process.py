@@ -40,13 +40,14 @@ class Stopped(Exception):
 
 
 def find_or_wait_for_job(urls, job, wait_s):
-    """The job named, or the only one on the server, waiting up to wait_s for one to be published."""
+    """The job named, or the only one on the server, waiting up to wait_s for one to be published (a server that
+    refuses the password, or holds several jobs, is said at once)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             return jobs.find_job(urls, job)
-        except StoreError:
-            if job or time.monotonic() > deadline:
+        except jobs.NoJobYet:
+            if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
 

@@ -260,9 +260,11 @@ def test_a_worker_without_job_or_password_says_so_in_one_line_without_secrets(jo
     env = dict(job.procs.env)
     env.pop("PCD_REDIS_PASSWORD")
     job.procs.env = env
-    job.procs.start("wrong", "worker", "--redis", wrong, "--wait", 0)
+    started = time.monotonic()
+    job.procs.start("wrong", "worker", "--redis", wrong, "--wait", 30)     # a refused password is not waited out
     job.procs.start("nojob", "worker", "--redis", job.url, "--job", "none-here", "--wait", 1)
     assert job.ended(["wrong", "nojob"]) == {"wrong": 1, "nojob": 1}
+    assert time.monotonic() - started < 20
     assert "refused the password" in job.log("wrong")
     assert "job none-here has not been published on redis://127.0.0.1:" in job.log("nojob")
     job.assert_clean(redis_client, ["wrong", "nojob"])
