@@ -8,27 +8,17 @@ from ..backend import select
 from ..errors import PycaffeDistError
 from ..distributed.job import modules_flag
 from .distributed import (add_patience_flags, add_python_layers_flag, checked_link, choose_process_gpu,
-                          mode_options_given, run_launched_job)
+                          run_launched_job)
 
 
 def cmd_train_pipeline(args):
     """`train --pipeline K [--micro-batches M]`: the stages as processes, meeting at a private redis-server."""
     from ..distributed import launch
     from ..distributed.pipeline_master import Settings
-    if args.pipeline is None:
-        raise PycaffeDistError("--micro-batches cuts the batches of a pipeline: give --pipeline K")
     if args.pipeline < 1:
         raise PycaffeDistError("--pipeline must be at least 1, got %d" % args.pipeline)
     if args.micro_batches is not None and args.micro_batches < 1:
         raise PycaffeDistError("--micro-batches must be at least 1, got %d" % args.micro_batches)
-    if args.workers is not None or args.mode is not None or any(v is not None for _, v in mode_options_given(args)):
-        raise PycaffeDistError("--pipeline with data-parallel --workers/--mode: K stages x N replicas is not "
-                               "supported yet; give one of them")
-    for flag, value in (("--redis", args.redis), ("--redis-servers", args.redis_servers),
-                        ("--slow-worker", args.slow_worker or None)):
-        if value is not None:
-            raise PycaffeDistError("%s is not supported with --pipeline (its stages run on this machine, at a "
-                                   "private redis-server)" % flag)
     gpus = select.parse_gpus(args.gpu)
     link = checked_link(args)
     settings = Settings(solver=args.solver, stages=args.pipeline, micro_batches=args.micro_batches, job=args.job,

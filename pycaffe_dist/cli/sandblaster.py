@@ -8,7 +8,7 @@ from ..backend import select
 from ..errors import PycaffeDistError
 from ..distributed.job import modules_flag
 from .distributed import (add_patience_flags, add_python_layers_flag, checked_link, choose_process_gpu,
-                          mode_options_given, run_launched_job)
+                          run_launched_job)
 
 MODE = "sandblaster"
 # (flag, Settings field, help); their defaults are distributed/sandblaster_master.py's
@@ -29,28 +29,11 @@ def flags_given(args):
     return [flag for flag, field, _ in FLAGS if getattr(args, field, None) is not None]
 
 
-def refuse_flags_without_the_mode(args):
-    given = flags_given(args)
-    if given:
-        raise PycaffeDistError("%s: option%s of --mode sandblaster" % (", ".join(given), "s" if len(given) > 1 else ""))
-
-
 def cmd_train_sandblaster(args):
     """`train --workers N --mode sandblaster`: the coordinator and N workers as processes, at a private
     redis-server."""
     from ..distributed import launch
     from ..distributed.sandblaster_master import Settings
-    if args.workers is None:
-        raise PycaffeDistError("--mode sandblaster trains on workers: give --workers N")
-    others = [option.flag for option, value in mode_options_given(args) if value is not None]
-    if others:
-        raise PycaffeDistError("%s: not options of mode sandblaster (it takes %s)" % (
-            ", ".join(others), ", ".join(flag for flag, _, _ in FLAGS)))
-    for flag, value in (("--pipeline", args.pipeline), ("--micro-batches", args.micro_batches),
-                        ("--redis", args.redis), ("--redis-servers", args.redis_servers)):
-        if value is not None:
-            raise PycaffeDistError("%s is not supported with --mode sandblaster (its workers run on this machine, "
-                                   "at a private redis-server)" % flag)
     gpus = select.parse_gpus(args.gpu)
     link = checked_link(args)
     slow = dict(args.slow_worker)

@@ -7,7 +7,7 @@ import signal
 
 from ..backend import select
 from ..errors import PycaffeDistError
-from . import arguments, distributed, sandblaster
+from . import arguments, distributed, job_kinds, sandblaster
 
 SIGNAL_EFFECTS = ("stop", "snapshot", "none")
 
@@ -49,27 +49,9 @@ def cmd_train(args):
     from ..io.load import read_solver
     from ..solver import training_log
     from ..solver.solver import Solver
-    if args.snapshot and args.weights:         # (every kind of job: one process, workers, Sandblaster, a pipeline)
-        raise PycaffeDistError("give a snapshot to resume training or weights to finetune but not both")
-    if args.mode == sandblaster.MODE:
-        return sandblaster.cmd_train_sandblaster(args)
-    sandblaster.refuse_flags_without_the_mode(args)
-    if args.pipeline is not None or args.micro_batches is not None:
-        from .pipeline import cmd_train_pipeline
-        return cmd_train_pipeline(args)
-    gpus = select.parse_gpus(args.gpu)
-    if len(gpus) > 1 and args.workers is None:
-        # Several GPUs train one net as Caffe's multi-GPU training does: synchronously, one worker per GPU.
-        args.workers, args.mode = len(gpus), args.mode or "sync"
-    if args.workers is None and args.link is not None:
-        raise PycaffeDistError("--link emulates the workers' network links: give --workers N")
-    if args.workers is not None or args.mode is not None or args.redis is not None:
-        if args.workers is None:
-            raise PycaffeDistError("--mode and --redis train on workers: give --workers N")
-        return distributed.cmd_train_distributed(args)
-    given = [option.flag for option, value in distributed.mode_options_given(args) if value is not None]
-    if given:
-        raise PycaffeDistError("%s: options of the distributed modes: give --workers N" % ", ".join(given))
+    kind = job_kinds.choose(args)           # one line for a flag the kind chosen cannot take
+    if kind.run is not None:
+        return kind.run(args)
     if args.threads:
         common.set_num_threads(args.threads)
     logger = logging.getLogger("pycaffe_dist")
