@@ -137,6 +137,7 @@ class Master(Coordinator):
         # different merges, pull it whole
         self.updates = MasterUpdates(payloads, self.shapes) if payloads and self.rule.broadcasts_updates else None
         self.count = 0
+        self.epoch = None                       # the job's epoch on Redis, from its publish (publish_job) on
         self.members, self.pending, self.replies = {}, {}, []
         self.dirty = True
         self.merged_since_display, self.dropped_count = 0, 0
