@@ -311,11 +311,18 @@ class SandblasterMaster(Coordinator):
             self._hand_out_again({u for u in units if u in e.pending and e.holders.get(u) in (None, worker)},
                                  "worker %s's sums held units summed already" % worker)
             return
-        if self.store.get_result(sandblaster.sums_owner(worker), self.shapes, out=self.views(self.scratch),
-                                 missing_ok=True) is None:
-            self.store.refuse("%s: sums from worker %s, which has none on Redis" % (self.store.key("inbox"), worker))
+        try:
+            read = self.store.get_result(sandblaster.sums_owner(worker), self.shapes, out=self.views(self.scratch),
+                                         missing_ok=True)
+            problem = None if read is not None else "it has none on Redis"
+        except wire.DamagedData as exc:
+            problem = str(exc)
+        self.store.reply_to(worker, {"status": "ack"})         # (it pushes on; what it held is handed out again)
+        if problem is not None:
+            self.store.refuse("%s: sums from worker %s not added: %s" % (self.store.key("inbox"), worker, problem))
+            self._hand_out_again({u for u in units if e.holders.get(u) in (None, worker)},
+                                 "worker %s's sums were not readable" % worker)
             return
-        self.store.reply_to(worker, {"status": "ack"})
         e.gradient += self.scratch
         e.loss += message["loss"]
         e.batches += message["batches"]

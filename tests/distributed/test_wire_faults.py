@@ -338,3 +338,32 @@ def test_a_failure_reported_on_the_wire_stops_every_process_of_a_sandblaster_or_
     for name in job.names[1:]:
         assert "stopped by its master" in job.log(name).strip().splitlines()[-1], job.log(name)[-1500:]
     job.assert_clean(redis_client)
+
+
+def _overwrite_for(redis_client, key, seconds=2.0):
+    """Write 12 bytes where a blob of the job belongs, while it is there (its owner writes it again)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        redis_client.set(key, b"\0" * 12, xx=True)
+
+
+def test_damaged_sums_of_a_sandblaster_worker_are_refused_and_their_units_computed_again(
+        job, make_solver, store_for, redis_client):
+    _start_running(job, "sandblaster", make_solver, store_for)
+    _overwrite_for(redis_client, "pcd:%s:x:sum0:0" % job.job)
+    time.sleep(0.5)
+    job.procs.procs["master"].send_signal(signal.SIGINT)
+    assert set(job.ended().values()) == {0}, {n: job.log(n)[-1500:] for n in job.names}
+    master = job.log("master")
+    assert "sums from worker 0 not added: job %s: pcd:%s:x:sum0:0 holds 12 bytes" % (job.job, job.job) in master
+    assert "worker 0's sums were not readable" in master
+    job.assert_clean(redis_client)
+
+
+def test_a_damaged_activation_between_stages_stops_the_pipeline_naming_the_key(job, make_solver, store_for,
+                                                                                redis_client):
+    _start_running(job, "pipeline", make_solver, store_for)
+    _overwrite_for(redis_client, "pcd:%s:x:stage0-act0:0" % job.job, seconds=10.0)
+    assert set(job.ended().values()) == {1}
+    assert "pcd:%s:x:stage0-act0:0 holds 12 bytes" % job.job in job.log("master").strip().splitlines()[-1]
+    job.assert_clean(redis_client)
