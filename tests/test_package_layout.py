@@ -317,19 +317,25 @@ def test_the_beside_check_can_fail():
     assert beside_the_checkout('kit = "../shared/gpu-kit"') == []
 
 
-def test_the_master_view_is_true_to_the_master():
-    """Every member of modes.base.MasterView (what a mode's rule may ask of the master) is the master's, with the
-    same parameters: the view cannot drift from what it describes."""
+def test_the_rule_view_is_true_to_the_master_and_rules_only_read_it():
+    """Every member of modes.base.RuleView (what a mode's rule may read of the master) is the master's, with the
+    same parameters; the rules use no other member of it, and reach the master no other way: what they want done
+    they return as actions (the view cannot drift from what it describes, nor the rules call back)."""
     import inspect
     from pycaffe_dist.distributed.master import Master
-    from pycaffe_dist.distributed.modes.base import MasterView
-    members = [name for name, value in vars(MasterView).items() if callable(value) and not name.startswith("_")]
-    assert len(members) >= 10
+    from pycaffe_dist.distributed.modes.base import RuleView
+    members = {name for name, value in vars(RuleView).items() if callable(value) and not name.startswith("_")}
+    assert members == {"slot", "typical_staleness", "history"}
     for name in members:
-        view = inspect.signature(getattr(MasterView, name))
+        view = inspect.signature(getattr(RuleView, name))
         real = inspect.signature(getattr(Master, name))
         assert list(view.parameters) == list(real.parameters), (name, view, real)
-    assert "log" in MasterView.__annotations__
+    modes = PACKAGE / "distributed" / "modes"
+    for path in sorted(modes.glob("*.py")):
+        text = path.read_text()
+        assert "self.master" not in text, path.name
+        used = set(re.findall(r"self\.view\.(\w+)", text))
+        assert used <= members, (path.name, used - members)
 
 
 def test_the_version_has_one_place():

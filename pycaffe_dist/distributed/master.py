@@ -40,6 +40,7 @@ from .broadcast import MasterUpdates
 from .coordinator import Coordinator, failure_text
 from . import job as jobs
 from .modes import MODES, resolve_options
+from .modes.base import Average, Drop, Forget, Merge, Reply, Result
 from . import results
 from .results import ResultReader
 from .settings import JsonSettings
@@ -212,7 +213,7 @@ class Master(Coordinator):
             publishing, self.publishing = self.publishing, None
             publishing.result()
 
-    # --- what the modes call -----------------------------------------------------------------------------------
+    # --- the rate, the replies, the results ------------------------------------------------------------------
 
     def rate_scale(self):
         """What the solver's rate is multiplied by now (lr_scaling.py): the mode's work per merge with the live
@@ -273,18 +274,18 @@ class Master(Coordinator):
             self.store.refuse("worker %s's result is not merged: %s" % (worker, exc))
             return None, None
 
-    def read_result(self, worker):
-        """Worker `worker`'s last result (read ahead, or now); a result holding NaN or Inf stops the job
-        (DivergedError). Its arrays are the reader's: the rule merges them before on_result returns."""
-        arrays, bad = self._take(worker)
-        if arrays is None:
-            raise ResultLost(worker)
-        self.in_use.append(arrays)
-        if bad is not None:
-            raise DivergedError("worker %s's result holds NaN or Inf in %s" % (worker, self._blob(bad)))
-        return arrays
+    def _read(self, worker, message):
+        """Worker `worker`'s result as its rule sees it (modes.base.Result): its arrays, read ahead or now, where the
+        rule reads results, and its staleness. A result that is not on Redis, or damaged there, is ResultLost."""
+        arrays = bad = None
+        if self.rule.reads_results:
+            arrays, bad = self._take(worker)
+            if arrays is None:
+                raise ResultLost(worker)
+            self.in_use.append(arrays)
+        return Result(worker, message, arrays, self._staleness(message), bad)
 
-    def average_results(self, workers):
+    def _average(self, workers):
         """W = the mean of the workers' last results, those on Redis (gossip: their own weights), read on the
         reader's threads; one holding NaN or Inf stops the job (DivergedError) with W as it was."""
         for worker in workers:
@@ -306,24 +307,20 @@ class Master(Coordinator):
             for _, arrays, _ in read:
                 self.reader.release(arrays)
 
-    def forget_result(self, worker):
-        self.store.remove_result(worker)
-
-    def staleness(self, message):
+    def _staleness(self, message):
         """Merges W took since the weights the result of `message` started from ('base', a merge count), its own
-        merge included: 1 for a result computed on the latest W. Summed for the mean the summary reports."""
-        stale = max(1, self.count - int(message.get("base", self.count)) + 1)
+        merge included: 1 for a result computed on the latest W."""
+        return max(1, self.count - int(message.get("base", self.count)) + 1)
+
+    def _record_staleness(self, stale):
+        """A result merged at 1/its staleness: summed for the summary's mean and averaged for the rate's scale."""
         self.staleness_sum += stale
         self.staleness_count += 1
         # An average of the last ~50 results: it follows the workers as they join, leave or change speed.
         self.recent_staleness = stale if self.recent_staleness is None else \
             self.recent_staleness + STALENESS_WEIGHT * (stale - self.recent_staleness)
-        return stale
 
-    def typical_staleness(self):
-        return self.recent_staleness
-
-    def add_to_weights(self, arrays, scale):
+    def _add(self, arrays, scale):
         """W += scale * arrays (BLAS's saxpy: one pass, without the GIL)."""
         for w, a in zip(self.weights, arrays):
             if scale == 1:
@@ -331,23 +328,6 @@ class Master(Coordinator):
             else:
                 saxpy(a.reshape(-1), w.reshape(-1), a=scale)
         self.dirty = True
-
-    def begin_update(self):
-        """A round's step follows (sync, local-sgd): with compressed updates, W before it is kept."""
-        if self.updates is not None:
-            self.updates.begin(self.weights)
-
-    def end_update(self):
-        """The round's step is done: with compressed updates, W moves by the compressed change only (the merge
-        that follows makes it merge count + 1)."""
-        if self.updates is not None:
-            self.updates.end(self.weights, self.count + 1)
-
-    def apply_gradients(self, gradients, scale=1.0):
-        self.solver.apply_gradients(gradients, self.count, scale)
-        self.dirty = True
-        if (self.count + 1) % HISTORY_EVERY == 0:
-            self._save_history()
 
     def _check_weights(self):
         """Merges of finite results can still overflow W: checked before each publish, W then goes back to its
@@ -364,26 +344,70 @@ class Master(Coordinator):
         layer, _, number = self.names[index].rpartition("/")
         return "layer %s's blob %s" % (layer, number)
 
-    def merged(self, messages):
-        loss = float(np.mean([m.get("loss", 0.0) for m in messages]))
+    # --- carrying out the rule's decisions ---------------------------------------------------------------------
+
+    def _carry_out(self, actions):
+        """Do what the rule decided (modes.base: Merge, Reply, Drop, Average, Forget), in its order."""
+        for action in actions:
+            if isinstance(action, Merge):
+                self._merge(action)
+            elif isinstance(action, Reply):
+                self.reply(action.worker, action.status, **action.fields)
+            elif isinstance(action, Drop):
+                self.dropped_count += 1
+            elif isinstance(action, Average):
+                self._average(action.workers)
+            elif isinstance(action, Forget):
+                self.store.remove_result(action.worker)
+            else:
+                raise TypeError("a rule returned %r, which is no action" % (action,))
+
+    def _merge(self, merge):
+        """One merge: its results checked for NaN and Inf, W moved (between the compressed update's two ends in the
+        round modes), then counted; display, test and snapshot follow when due."""
+        for result in merge.results:
+            if result.non_finite is not None:
+                raise DivergedError("worker %s's result holds NaN or Inf in %s" % (result.worker,
+                                                                                  self._blob(result.non_finite)))
+        if self.rule.scales_by_staleness():
+            for result in merge.results:
+                self._record_staleness(result.staleness)
+        loss = float(np.mean([r.message.get("loss", 0.0) for r in merge.results]))
         scale = self.rate_scale()
+        if self.updates is not None:            # W before the step is kept: W moves by its compressed change only
+            self.updates.begin(self.weights)
+        for arrays, s in merge.adds:
+            self._add(arrays, s)
+        if merge.gradients is not None:         # at the rate scaled for N workers (lr_scaling.py), times the rule's
+            self.solver.apply_gradients(merge.gradients, self.count, merge.scale * scale)
+            self.dirty = True
+            if (self.count + 1) % HISTORY_EVERY == 0:
+                self._save_history()
+        if self.updates is not None:
+            self.updates.end(self.weights, self.count + 1)
         self.backoff.check_loss(loss, scale)
         self.count += 1
         if scale > 1 and self.backoff.due(self.count):     # copies to back off to, at a scaled rate
-            self.rule.settle_weights()          # (gossip: W is the workers' mean only once settled)
+            self._settle()                      # (gossip: W is the workers' mean only once settled)
             self.backoff.keep(self.weights, self.count)
         self.merged_since_display += 1
         self._add_loss(loss)
         self._after_merge()
 
-    def dropped(self, message):
-        self.dropped_count += 1
+    def _settle(self):
+        """W made what is tested and snapshotted now (gossip: the workers' mean)."""
+        self._carry_out(self.rule.settle_weights())
+
+    # --- what the rule may read (modes.base.RuleView) ---------------------------------------------------------
 
     def slot(self, worker):
         return self.members[worker].slot
 
     def history(self):
         return self.solver.history_sets()[0]
+
+    def typical_staleness(self):
+        return self.recent_staleness
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
@@ -412,7 +436,7 @@ class Master(Coordinator):
     def _reset_members(self, clear_history=False):
         """Every member starts again from W (a reset: it pulls W and goes on; its result in flight is void), with
         its solver's history cleared where `clear_history` (after a backoff: lr_scaling.Backoff)."""
-        self.rule.restart(sorted(self.members, key=int), from_weights=clear_history)
+        self._carry_out(self.rule.restart(sorted(self.members, key=int), from_weights=clear_history))
         fields = {"status": "reset", "clear_history": True} if clear_history else {"status": "reset"}
         self.replies = [(w, dict(m, **fields)) for w, m in self.replies]
 
@@ -534,7 +558,7 @@ class Master(Coordinator):
             self.alone_since = None
             if self.started:
                 log.info("Worker %s joined the running job", worker)
-                self.rule.on_join(worker)
+                self._carry_out(self.rule.on_join(worker))
             elif len(self.members) >= self.workers_wanted:
                 self._start()
         elif kind == "result":
@@ -593,7 +617,7 @@ class Master(Coordinator):
         if self.param.test_interval and self.param.test_initialization and self.count == 0:
             self._test()
         self.backoff.keep(self.weights, self.count)
-        self.rule.start(sorted(self.members, key=int))
+        self._carry_out(self.rule.start(sorted(self.members, key=int)))
 
     def _result(self, worker, message):
         try:
@@ -633,7 +657,7 @@ class Master(Coordinator):
         member.compute_s += message.get("compute_s", 0.0)
         member.wait_s += message.get("wait_s", 0.0)
         try:
-            self.rule.on_result(worker, message)
+            self._carry_out(self.rule.on_result(self._read(worker, message)))
         except ResultLost:
             self.reply(worker, "reset")         # its blobs went with a Redis restarted empty: it starts from W
         finally:
@@ -648,7 +672,7 @@ class Master(Coordinator):
             return
         if why != "left":
             log.warning("Worker %s %s; going on with %d worker(s)", worker, why, len(self.members))
-        self.rule.on_lost(worker)
+        self._carry_out(self.rule.on_lost(worker))
         if self.started and not self.members and not self.pending and self.alone_since is None:
             self.alone_since = time.monotonic()
             log.warning("No worker is left: waiting up to %.0f s (--join-timeout) for one to join, then stopping "
@@ -704,12 +728,12 @@ class Master(Coordinator):
 
     def _test(self):
         if self.tester is not None:
-            self.rule.settle_weights()
+            self._settle()
             self._test_weights(self.weights, self.count)
 
     def _snapshot(self, files_only=False):
         if not files_only:              # (files_only: Redis is gone or W diverged; W stays as it is)
-            self.rule.settle_weights()
+            self._settle()
         model, state = self.solver.snapshot_at(self.count)
         self._snapshotted(model)
         if self.rule.keeps_history and not files_only:

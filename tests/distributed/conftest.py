@@ -54,6 +54,21 @@ solver_mode: CPU
 """
 
 
+class DrivenRule:
+    """A mode's MergeRule whose events' actions `master.carry` carries out as they return (the rule tests' own
+    recording masters); its other members as they are."""
+    EVENTS = {"start", "on_join", "on_result", "on_lost", "restart", "settle_weights"}
+
+    def __init__(self, master, rule):
+        self._master, self._rule = master, rule
+
+    def __getattr__(self, name):
+        value = getattr(self._rule, name)
+        if name in self.EVENTS:
+            return lambda *args, **kwargs: self._master.carry(value(*args, **kwargs))
+        return value
+
+
 def _write_records(path, n, seed):
     """Four classes of 4x4 grey images: a bright quadrant per class, plus noise."""
     rng = np.random.default_rng(seed)

@@ -9,46 +9,49 @@ import signal
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.modes import gossip, resolve_options
+from pycaffe_dist.distributed.modes import base, gossip, resolve_options
 from pycaffe_dist.errors import DivergedError
 from pycaffe_dist.io.caffemodel import load_weights
 from pycaffe_dist.io.load import read_solver
 from pycaffe_dist.pycaffe import TEST, Net
 
-from .conftest import accuracies, needs_fashion_mnist, train_on_workers, wait_for_merges
+from .conftest import DrivenRule, accuracies, needs_fashion_mnist, train_on_workers, wait_for_merges
 
 
 class Recorder:
-    """What the rule asks of the master, recorded; each worker's published weights in `published`."""
+    """The tests' own master: it carries out the actions the rule returns, recording each; each worker's published
+    weights in `published`."""
 
     def __init__(self):
         self.weights = [np.zeros(3, np.float32)]
         self.published, self.replies, self.merges, self.forgotten = {}, [], [], []
 
-    def average_results(self, workers):
-        there = [self.published[w] for w in workers if w in self.published]
-        if there:
-            self.weights[0][...] = np.mean(there, axis=0)
-
-    def forget_result(self, worker):
-        self.forgotten.append(worker)
-        self.published.pop(worker, None)
-
-    def merged(self, messages):
-        self.merges.append(sorted(m["worker"] for m in messages))
-
-    def reply(self, worker, status, **fields):
-        self.replies.append((worker, status, fields.get("peers")))
+    def carry(self, actions):
+        for action in actions:
+            if isinstance(action, base.Average):
+                there = [self.published[w] for w in action.workers if w in self.published]
+                if there:
+                    self.weights[0][...] = np.mean(there, axis=0)
+            elif isinstance(action, base.Forget):
+                self.forgotten.append(action.worker)
+                self.published.pop(action.worker, None)
+            elif isinstance(action, base.Merge):
+                assert not action.adds and action.gradients is None      # gossip moves no central W
+                self.merges.append(sorted(r.worker for r in action.results))
+            elif isinstance(action, base.Reply):
+                self.replies.append((action.worker, action.status, action.fields.get("peers")))
+            else:
+                raise AssertionError("unexpected action %r" % (action,))
 
 
 def _rule(**options):
     master = Recorder()
-    return master, gossip.MergeRule(master, resolve_options("gossip", options))
+    return master, DrivenRule(master, gossip.MergeRule(master, resolve_options("gossip", options)))
 
 
 def _round(master, rule, worker, value, loss=1.0):
     master.published[worker] = np.full(3, value, np.float32)
-    rule.on_result(worker, {"worker": worker, "loss": loss, "averagings": 0})
+    rule.on_result(base.Result(worker, {"worker": worker, "loss": loss, "averagings": 0}))
 
 
 def test_a_global_iteration_is_a_round_of_every_live_worker_and_replies_list_the_others():

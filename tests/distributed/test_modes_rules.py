@@ -5,80 +5,63 @@ import pytest
 
 from pycaffe_dist.distributed.modes import MODES, base, easgd, gradient_only, resolve_options
 
+from .conftest import DrivenRule
+
 
 class Recorder:
+    """The tests' own master: what a rule may read of it (modes.base.RuleView), and `carry`, which carries out the
+    actions the rule returns, recording each."""
+
     def __init__(self):
         self.weights = [np.zeros(3, np.float32)]
         self.results, self.replies, self.merges, self.drops = {}, [], [], []
         self.count = 0
-        self.log = Log()
 
-    def staleness(self, message):
-        return max(1, self.count - message.get("base", self.count) + 1)
-
-    def read_result(self, worker):
-        return self.results[worker]
-
-    def add_to_weights(self, arrays, scale):
-        for w, a in zip(self.weights, arrays):
-            w += np.float32(scale) * a
-
-    def merged(self, messages):
-        self.merges.append([m["worker"] for m in messages])
-        self.count += 1
-
-    def dropped(self, message):
-        self.drops.append(message["worker"])
-
-    def reply(self, worker, status):
-        self.replies.append((worker, status))
-
-    def apply_gradients(self, gradients, scale=1.0):
-        self.gradients, self.applied_scale = gradients, scale
-
-    scaled = 1.0                    # the rate's scale for N workers (lr_scaling.py) the master would send
-
-    def rate_scale(self):
-        return self.scaled
+    scaled = 1.0                    # the rate's scale for N workers (lr_scaling.py) the master would apply
 
     def slot(self, worker):
         return int(worker)
 
-    def begin_update(self):
-        self.updates = getattr(self, "updates", 0) + 1
-
-    def end_update(self):
-        pass
+    def typical_staleness(self):
+        return None
 
     def history(self):
         if not hasattr(self, "velocity"):
             self.velocity = [np.zeros_like(w) for w in self.weights]
         return self.velocity
 
-
-
-class Log:
-    """The lines a rule logs, one list each per master (a test cannot pass on another test's line)."""
-
-    def __init__(self):
-        self.warnings, self.infos = [], []
-
-    def info(self, text, *args):
-        self.infos.append(text % args)
-
-    def warning(self, text, *args):
-        self.warnings.append(text % args)
+    def carry(self, actions):
+        for action in actions:
+            if isinstance(action, base.Merge):
+                for arrays, scale in action.adds:
+                    for w, a in zip(self.weights, arrays):
+                        w += np.float32(scale) * a
+                if action.gradients is not None:
+                    self.gradients, self.applied_scale = action.gradients, action.scale * self.scaled
+                self.merges.append([r.worker for r in action.results])
+                self.count += 1
+            elif isinstance(action, base.Reply):
+                self.replies.append((action.worker, action.status))
+            elif isinstance(action, base.Drop):
+                self.drops.append(action.result.worker)
+            else:
+                raise AssertionError("unexpected action %r" % (action,))
 
 
 def _rule(mode, **options):
     master = Recorder()
-    return master, MODES[mode].MergeRule(master, resolve_options(mode, options))
+    return master, DrivenRule(master, MODES[mode].MergeRule(master, resolve_options(mode, options)))
+
+
+def _result(master, worker, arrays, base_count=None):
+    message = {"worker": worker, "loss": 1.0, "base": master.count if base_count is None else base_count}
+    return base.Result(worker, message, arrays, max(1, master.count - message["base"] + 1))
 
 
 def _deliver(master, rule, worker, value, base=None):
     """Worker `worker`'s result, all `value`, computed from W at merge `base` (default: the latest W)."""
     master.results[worker] = [np.full(3, value, np.float32)]
-    rule.on_result(worker, {"worker": worker, "loss": 1.0, "base": master.count if base is None else base})
+    rule.on_result(_result(master, worker, master.results[worker], base))
 
 
 def test_sync_averages_the_delivered_deltas_and_waits_for_everyone():
@@ -92,13 +75,14 @@ def test_sync_averages_the_delivered_deltas_and_waits_for_everyone():
     assert master.merges == [["0", "1"]] and sorted(master.replies) == [("0", "merged"), ("1", "merged")]
 
 
-def test_sync_goes_on_without_a_lost_worker_and_says_so():
+def test_sync_goes_on_without_a_lost_worker_and_says_so(caplog):
     master, rule = _rule("sync")
     rule.start(["0", "1"])
     _deliver(master, rule, "0", 4.0)
-    rule.on_lost("1")
+    with caplog.at_level("WARNING", logger="pycaffe_dist.solver"):
+        rule.on_lost("1")
     assert master.weights[0].tolist() == [4.0] * 3          # the mean of what arrived, not divided by 2
-    assert "worker 1 is gone; the round goes on with 1 worker(s)" in master.log.warnings[-1]
+    assert "worker 1 is gone; the round goes on with 1 worker(s)" in caplog.records[-1].getMessage()
 
 
 def test_sync_newcomer_waits_for_the_next_round():
@@ -304,7 +288,7 @@ def test_local_sgd_with_rate_1_and_no_momentum_is_syncs_merge_bit_for_bit():
         for round_deltas in deltas:
             for worker in "201":
                 master.results[worker] = [round_deltas[int(worker)]]
-                rule.on_result(worker, {"worker": worker, "loss": 1.0})
+                rule.on_result(_result(master, worker, master.results[worker]))
         weights.append(master.weights[0])
     np.testing.assert_array_equal(weights[0], weights[1])
     assert not hasattr(master, "velocity")      # no momentum: the outer state is never touched

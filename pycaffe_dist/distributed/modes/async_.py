@@ -2,7 +2,7 @@
 / --factor), and the worker goes on at once. Workers overlap their exchange with their next round (depth 1).
 Its workers' rate is the solver's times the typical staleness (or --factor): a result of typical staleness then
 counts as one step of one process, so N workers' results are worth N steps (lr_scaling.py, Rule.merged_work)."""
-from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Merge, Reply, Rule
 
 OPTIONS = (TAU, FACTOR, OVERLAP, COMPRESS) + SCALING
 RoundRule = DeltaRoundRule       # this mode's worker side
@@ -12,7 +12,5 @@ class MergeRule(Rule):
     staleness_aware = True
     advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
 
-    def on_result(self, worker, message):
-        self.master.add_to_weights(self.master.read_result(worker), self.scale(message))
-        self.master.merged([message])
-        self.master.reply(worker, "merged")
+    def on_result(self, result):
+        return [Merge([result], adds=[(result.arrays, self.scale(result))]), Reply(result.worker, "merged")]

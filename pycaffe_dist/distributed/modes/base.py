@@ -18,12 +18,14 @@ Each mode module says:
                 stale its result will be); `gradients`: whether a round is one gradient (no local steps);
                 choose_peer(peers), gossip's only: the worker whose weights to pull instead of W, from the
                 reply's live others (worker.py then reports status 'peer', or 'alone' when there is none)
-  MergeRule:    the master side: a Rule (below) with start(workers), on_join(w), on_result(w, message),
-                on_lost(w), over the master's MasterView; merged_work(workers), what one of its merges is worth
-                in one process's steps (the linear scaling rule's k: lr_scaling.py), where Rule's does not fit
-                the mode
+  MergeRule:    the master side: a Rule (below) whose events, start(workers), on_join(w), on_result(result),
+                on_lost(w), return what the master is to do (Merge, Reply, Drop, Average, Forget), as DDP's
+                communication hooks return a result and never call back into DDP; it reads the master only
+                through a RuleView of three queries; merged_work(workers), what one of its merges is worth in
+                one process's steps (the linear scaling rule's k: lr_scaling.py), where Rule's does not fit the
+                mode
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
 from .. import compression, lr_scaling
@@ -73,43 +75,71 @@ OVERLAP = Option("overlap", bool, None, "workers compute their next round while 
                  "the default but in gradient-only) or wait for each reply first (--no-overlap, SpeeDO's schedule)")
 
 
-class MasterView(Protocol):
-    """What a Rule may ask of the master (master.py): the only way a mode touches W and the workers."""
-    log: Any
-
-    def read_result(self, worker): ...                   # the worker's last result, as arrays shaped like W
-
-    def add_to_weights(self, arrays, scale): ...         # W += scale * arrays
-
-    def apply_gradients(self, gradients, scale): ...     # the solver's update rule on W, at the merge count, its
-    #                                                      rate times scale
-
-    def rate_scale(self): ...                            # the solver's rate times this for N workers (lr_scaling)
-
-    def staleness(self, message): ...                    # merges since the W the message's result started from,
-    #                                                      its own included (1: computed on the latest W)
-
-    def typical_staleness(self): ...                     # the recent results' staleness, averaged (None: none yet)
-
-    def merged(self, messages): ...                      # one merge done (messages: the results it merged)
+class RuleView(Protocol):
+    """What a MergeRule may read of the master (master.py); it changes nothing there. What the rule wants done it
+    returns as actions (below), which the master carries out in order once the rule has returned."""
 
     def slot(self, worker): ...                          # the worker's data slot (a fixed order of the workers)
 
+    def typical_staleness(self): ...                     # the recent results' staleness, averaged (None: none yet)
+
     def history(self): ...                               # the solver's first history set (momentum) as arrays,
-    #                                                      in place: a .solverstate snapshot holds it
+    #                                                      in place: a .solverstate snapshot holds it (local-sgd's
+    #                                                      outer momentum lives there)
 
-    def dropped(self, message): ...                      # a result thrown away
 
-    def reply(self, worker, status, **fields): ...       # queue a reply: welcome, merged, dropped (fields: more
-    #                                                      of it, e.g. gossip's live peers)
+@dataclass
+class Result:
+    """A worker's result as the master hands it to its rule: the message that announced it, its arrays shaped like
+    W (None where the rule reads no results: gossip), and its staleness, the merges W took since the weights it
+    started from, its own included (1: computed on the latest W). The arrays are the master's reader's: a rule
+    that keeps them past its return copies them. `non_finite`: the index of the first array holding NaN or Inf, for
+    the master, which refuses such a result when a Merge takes it."""
+    worker: str
+    message: dict
+    arrays: Optional[list] = None
+    staleness: int = 1
+    non_finite: Optional[int] = None
 
-    def average_results(self, workers): ...              # W = the mean of these workers' last results (gossip)
 
-    def forget_result(self, worker): ...                 # remove a worker's last result from Redis (gossip)
+# The actions a rule returns from each of its events (a list, carried out in its order).
 
-    def begin_update(self): ...                          # a round's step follows (broadcasts_updates)
+@dataclass
+class Merge:
+    """One merge: W moves by `adds`, pairs (arrays, s) for W += s x arrays in order, or by the solver's update rule
+    from `gradients` at its rate times the rate's scale for N workers times `scale`; then the merge count goes up by
+    one. `results`: the Results merged (their mean loss is the merge's loss). A merge without adds or gradients
+    counts a merge that moved no central W (gossip's global iteration)."""
+    results: list
+    adds: list = field(default_factory=list)
+    gradients: Optional[list] = None
+    scale: float = 1.0
 
-    def end_update(self): ...                            # it is done: W moves by its compressed change
+
+@dataclass
+class Reply:
+    """Queue a reply to `worker`: welcome, merged or dropped, with `fields` (gossip's live peers)."""
+    worker: str
+    status: str
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass
+class Drop:
+    """A result thrown away (counted in the summary); its worker's reply is a Reply of its own."""
+    result: Result
+
+
+@dataclass
+class Average:
+    """W = the mean of these workers' published weights (gossip, whose W is only that mean)."""
+    workers: list
+
+
+@dataclass
+class Forget:
+    """Remove this worker's published result from Redis (gossip: a peer must not pull weights no longer valid)."""
+    worker: str
 
 
 class DeltaRoundRule:
@@ -135,41 +165,43 @@ class DeltaRoundRule:
 
 
 class Rule:
-    """The master side of a mode, over a MasterView. `options`: the mode's options, every one of them present
-    (modes.resolve_options fills in the defaults). `keeps_history`: the rule keeps state in MasterView.history(),
+    """The master side of a mode. Its events (start, on_join, on_result, on_lost, restart, settle_weights) each
+    return the actions the master is to carry out (Merge, Reply, Drop, Average, Forget), in order; a rule never
+    calls the master, and reads only its RuleView. `options`: the mode's options, every one of them present
+    (modes.resolve_options fills in the defaults). `keeps_history`: the rule keeps state in RuleView.history(),
     which the master then also saves to Redis with each snapshot (for --resume), as gradient-only's update rule."""
     depth = 1
-    reads_results = True        # whether the master reads each result as it comes (ahead of on_result)
+    reads_results = True        # whether the master reads each result (its arrays) before on_result
     keeps_history = False
     staleness_aware = False     # results are merged at 1/their staleness (or 1/--factor): Rule.scale
     broadcasts_updates = False  # every worker starts a round from the same W: with --compress, its change is sent
-    #                             compressed (broadcast.py), its step between MasterView.begin_update/end_update
+    #                             compressed (broadcast.py), the master taking W before and after each Merge
 
-    def __init__(self, master: MasterView, options):
-        self.master, self.options = master, options
+    def __init__(self, view: RuleView, options):
+        self.view, self.options = view, options
         if options.get("overlap") is not None:      # --overlap / --no-overlap over the mode's default
             self.depth = 1 if options["overlap"] else 0
 
     def start(self, workers):
-        for w in workers:
-            self.master.reply(w, "welcome")
+        return [Reply(w, "welcome") for w in workers]
 
     def on_join(self, worker):
-        self.master.reply(worker, "welcome")
+        return [Reply(worker, "welcome")]
 
     def restart(self, workers, from_weights=False):
         """Every worker starts again from W (a restarted master or Redis; `from_weights`: W as the master holds
         it is the one to start from, after a backoff of the rate): as start()."""
-        self.start(workers)
+        return self.start(workers)
 
     def on_lost(self, worker):
-        pass
+        return []
 
-    def on_result(self, worker, message):
+    def on_result(self, result):
         raise NotImplementedError
 
     def settle_weights(self):
         """Make W what is tested and snapshotted now: it already is, but where there is no central W (gossip)."""
+        return []
 
     def summary(self):
         """The mode's own figures for the master's --stats summary."""
@@ -185,15 +217,19 @@ class Rule:
         cores): N alone left each result worth 0.6 of a step there."""
         if not self.staleness_aware:
             return workers
-        return self.options.get("factor") or self.master.typical_staleness() or workers
+        return self.options.get("factor") or self.view.typical_staleness() or workers
 
-    def scale(self, message):
+    def scale(self, result):
         """What a result is merged with: 1/--factor where one is given, else 1/its staleness (Zhang, Gupta, Lian
         and Liu 2016, "Staleness-aware async-SGD"). N workers each adding a step computed on weights N merges old
         is N times the step one process takes (the async runs at 4 and 8 workers diverged on LeNet's own rate);
         divided by the staleness, the steps of a round of N results add up to one process's."""
         factor = self.options.get("factor")
-        return 1.0 / (factor if factor else self.master.staleness(message))
+        return 1.0 / (factor if factor else result.staleness)
+
+    def scales_by_staleness(self):
+        """Whether this rule's merges are scaled by their results' staleness (the master then averages it)."""
+        return self.staleness_aware and not self.options.get("factor")
 
     # What to change when a merge brings NaN or Inf into W (the master's one line says it).
     advice = "lower the solver's base_lr"

@@ -10,7 +10,7 @@ condition), and SpeeDO's 0.5 sat on that bound at 2 workers and was past it from
 The learning rate: each worker steps as one process does and the centre follows their mean, which moves as one
 step of N batches per round; so the local rate is the solver's times N (lr_scaling.py), as in sync. The moving
 rate's bound is on N alpha, not on the learning rate, and stays as it is."""
-from .base import OVERLAP, SCALING, TAU, Option, Rule
+from .base import OVERLAP, SCALING, TAU, Merge, Option, Reply, Rule
 
 BETA = 0.9                  # the default N * alpha: inside the stability bound beta < 1, as the paper's runs
 MOVING_RATE = Option("moving_rate", float, None, "the elastic moving rate alpha (default 0.9 / the live workers)",
@@ -44,7 +44,5 @@ class RoundRule:
 class MergeRule(Rule):
     advice = "lower the solver's base_lr or --moving-rate (N x rate must stay below 1)"
 
-    def on_result(self, worker, message):
-        self.master.add_to_weights(self.master.read_result(worker), 1.0)
-        self.master.merged([message])
-        self.master.reply(worker, "merged")
+    def on_result(self, result):
+        return [Merge([result], adds=[(result.arrays, 1.0)]), Reply(result.worker, "merged")]

@@ -35,7 +35,7 @@ import random
 import numpy as np
 
 from ...errors import DivergedError
-from .base import OVERLAP, SCALING, TAU, Rule
+from .base import OVERLAP, SCALING, TAU, Average, Forget, Merge, Reply, Rule
 
 OPTIONS = (TAU, OVERLAP) + SCALING
 
@@ -70,8 +70,8 @@ class MergeRule(Rule):
     reads_results = False                       # the weights go from worker to worker, not through the master
     advice = "lower the solver's base_lr"
 
-    def __init__(self, master, options):
-        super().__init__(master, options)
+    def __init__(self, view, options):
+        super().__init__(view, options)
         self.live = []                          # the workers peers are chosen from
         self.pending = []                       # the messages of the global iteration under way
         self.rounds, self.averagings = {}, {}   # worker -> its rounds, and the averagings it reported
@@ -80,31 +80,29 @@ class MergeRule(Rule):
     def start(self, workers):
         # A restarted master's workers are reset to the mean of their weights (none on a first start).
         self.live, self.unsettled = list(workers), True
-        self.settle_weights()
-        super().start(workers)
+        return self.settle_weights() + super().start(workers)
 
     def restart(self, workers, from_weights=False):
         if from_weights:            # W is the last good mean; the workers' own weights may hold NaN: none averaged
             self.live, self.unsettled, self.pending = list(workers), False, []
-            for worker in workers:  # nor may a peer pull them: each publishes its own again after its next round
-                self.master.forget_result(worker)
-            Rule.start(self, workers)
-        else:                       # a restarted master has no W of its own: their mean, as at its start
-            self.start(workers)
+            # nor may a peer pull them: each publishes its own again after its next round
+            return [Forget(worker) for worker in workers] + Rule.start(self, workers)
+        return self.start(workers)  # a restarted master has no W of its own: their mean, as at its start
 
     def on_join(self, worker):
         self.unsettled = True
-        self.settle_weights()                   # the newcomer starts from the others' mean
+        actions = self.settle_weights()         # the newcomer starts from the others' mean
         self.live.append(worker)
-        self.master.reply(worker, "welcome")
+        return actions + [Reply(worker, "welcome")]
 
     def on_lost(self, worker):
         if worker in self.live:
             self.live.remove(worker)
-        self.master.forget_result(worker)       # a peer that chose it before the news skips its averaging
-        self._count()
+        # a peer that chose it before the news skips its averaging
+        return [Forget(worker)] + self._count()
 
-    def on_result(self, worker, message):
+    def on_result(self, result):
+        worker, message = result.worker, result.message
         loss = float(message.get("loss", 0.0))
         if not math.isfinite(loss):
             # Its weights would spread to its peers; the master reads none between tests to check them.
@@ -112,19 +110,19 @@ class MergeRule(Rule):
         self.rounds[worker] = self.rounds.get(worker, 0) + 1
         self.averagings[worker] = int(message.get("averagings", 0))
         self.unsettled = True
-        self.pending.append(message)
-        self._count()
-        self.master.reply(worker, "merged", peers=[w for w in self.live if w != worker])
+        self.pending.append(result)
+        return self._count() + [Reply(worker, "merged", {"peers": [w for w in self.live if w != worker]})]
 
     def _count(self):
         if self.pending and len(self.pending) >= len(self.live):
-            messages, self.pending = self.pending, []
-            self.master.merged(messages)        # one global iteration: a round of each live worker
+            results, self.pending = self.pending, []
+            return [Merge(results)]             # one global iteration: a round of each live worker
+        return []
 
     def settle_weights(self):
-        if self.unsettled and self.live:
-            self.master.average_results(self.live)
+        actions = [Average(list(self.live))] if self.unsettled and self.live else []
         self.unsettled = False
+        return actions
 
     def summary(self):
         live = [w for w in self.live if self.rounds.get(w)]

@@ -22,7 +22,7 @@ acts as. The scaled rate meets that bound and backs off, to 1.3-5 x at 8 and 16 
 0.80 at 16 (0.792, 0.801). Lowering the master's momentum by what the delay adds (Mitliagkas et al. 2016: m' = 1
 - (1 - m) x the scale, the rate raised to keep a steady gradient's step) did not keep it stable either: 0.829 at
 8 and 0.806 at 16. Choose sync, async or local-sgd to make N workers' images count."""
-from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Merge, Reply, Rule
 
 OPTIONS = (FACTOR, OVERLAP, COMPRESS) + SCALING
 
@@ -49,8 +49,7 @@ class MergeRule(Rule):
     keeps_history = True        # the solver's update rule on the master: its momentum or Adam's moments
     advice = "lower the solver's base_lr, or give --factor (the rate / FACTOR) at least the number of workers"
 
-    def on_result(self, worker, message):
-        # The rate scaled for N workers (lr_scaling.py) and by 1/staleness: a round of N results, N steps' worth.
-        self.master.apply_gradients(self.master.read_result(worker), self.scale(message) * self.master.rate_scale())
-        self.master.merged([message])
-        self.master.reply(worker, "merged")
+    def on_result(self, result):
+        # The rate scaled for N workers (lr_scaling.py, by the master) and by 1/staleness: a round of N results,
+        # N steps' worth.
+        return [Merge([result], gradients=result.arrays, scale=self.scale(result)), Reply(result.worker, "merged")]

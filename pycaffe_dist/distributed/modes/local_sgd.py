@@ -59,17 +59,17 @@ class MergeRule(sync.MergeRule):
     keeps_history = True
     advice = "lower the solver's base_lr, or --outer-lr or --outer-momentum"
 
-    def __init__(self, master, options):
-        super().__init__(master, options)
+    def __init__(self, view, options):
+        super().__init__(view, options)
         self.rate, self.momentum = options["outer_lr"], options["outer_momentum"]
 
     def start(self, workers):
         if self.momentum:
-            velocity = self.master.history()
-            self.master.log.info("Local SGD: outer momentum %s" % (
+            velocity = self.view.history()
+            sync.log.info("Local SGD: outer momentum %s" % (
                 "from the snapshot (|v| %.3g)" % max(float(np.abs(v).max()) for v in velocity)
                 if any(v.any() for v in velocity) else "starts at 0"))
-        super().start(workers)
+        return super().start(workers)
 
     def merged_work(self, workers):
         # The outer step already multiplies a steady mean delta by a / (1 - m) (2 with the defaults): the rate makes
@@ -77,11 +77,12 @@ class MergeRule(sync.MergeRule):
         return max(1.0, workers * (1.0 - self.momentum) / self.rate)
 
     def step(self, total, count):
+        adds = []
         if self.momentum:
-            velocity = self.master.history()
+            velocity = self.view.history()
             for v, t in zip(velocity, total):
                 v *= np.float32(self.momentum)
                 saxpy(t.reshape(-1), v.reshape(-1), a=1.0 / count)
-            self.master.add_to_weights(velocity, self.rate * self.momentum)
+            adds.append((velocity, self.rate * self.momentum))
         # With m = 0 and a = 1 this is sync's merge itself, scale and all.
-        self.master.add_to_weights(total, self.rate / count)
+        return adds + [(total, self.rate / count)]

@@ -5,7 +5,7 @@ is too far ahead waits, and only until the slowest catches up; SpeeDO instead st
 barrier whenever the spread reached s. The reply to round r allows round r + 1 + depth (depth 1 overlaps an
 exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on).
 The learning rate is async's: the solver's times the typical staleness (lr_scaling.py, Rule.merged_work)."""
-from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Option, Rule, at_least
+from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Merge, Option, Reply, Rule, at_least
 
 MAX_ADVANCE = Option("max_advance", int, 1, "rounds a worker may run ahead of the slowest", at_least(0))
 OPTIONS = (TAU, MAX_ADVANCE, FACTOR, OVERLAP) + SCALING
@@ -16,8 +16,8 @@ class MergeRule(Rule):
     staleness_aware = True
     advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
 
-    def __init__(self, master, options):
-        super().__init__(master, options)
+    def __init__(self, view, options):
+        super().__init__(view, options)
         self.max_advance = options["max_advance"]
         self.depth = 1 if self.max_advance >= 1 and options["overlap"] is not False else 0
         self.completed, self.held = {}, []
@@ -25,29 +25,29 @@ class MergeRule(Rule):
     def start(self, workers):
         for w in workers:
             self.completed[w] = 0
-        super().start(workers)
+        return super().start(workers)
 
     def on_join(self, worker):
         # A newcomer counts as level with the fastest, so that it does not hold the others back.
         self.completed[worker] = max(self.completed.values(), default=0)
-        self.master.reply(worker, "welcome")
+        return [Reply(worker, "welcome")]
 
     def on_lost(self, worker):
         self.completed.pop(worker, None)
         if worker in self.held:
             self.held.remove(worker)
-        self._release()
+        return self._release()
 
-    def on_result(self, worker, message):
-        self.master.add_to_weights(self.master.read_result(worker), self.scale(message))
-        self.master.merged([message])
+    def on_result(self, result):
+        worker = result.worker
+        merge = Merge([result], adds=[(result.arrays, self.scale(result))])
         self.completed[worker] = self.completed.get(worker, 0) + 1
         self.held.append(worker)
-        self._release()
+        return [merge] + self._release()
 
     def _release(self):
+        """The replies to the held workers that may go on now."""
         slowest = min(self.completed.values(), default=0)
-        for w in list(self.held):
-            if self.completed[w] + self.depth - slowest <= self.max_advance:
-                self.held.remove(w)
-                self.master.reply(w, "merged")
+        released = [w for w in self.held if self.completed[w] + self.depth - slowest <= self.max_advance]
+        self.held = [w for w in self.held if w not in released]
+        return [Reply(w, "merged") for w in released]

@@ -17,13 +17,15 @@ The deltas are summed in the order of the workers' data slots, whatever order th
 float32 addition is not associative, and a sum in arrival order made two runs of one job differ in the last bits
 from 3 workers on (and local-sgd's plain averaging could not be held to sync's bit for bit)."""
 import numpy as np
+import logging
 
-from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaRoundRule, Option, Rule, at_least
+from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaRoundRule, Drop, Merge, Option, Reply, Rule, at_least
 
 BACKUP = Option("backup", int, 0, "close each round when all but B workers have delivered, and drop the late "
                 "results (backup workers)", at_least(0))
 OPTIONS = (TAU, BACKUP, OVERLAP, COMPRESS) + SCALING
 RoundRule = DeltaRoundRule       # this mode's worker side
+log = logging.getLogger("pycaffe_dist.solver")
 
 
 class SlotOrderSum:
@@ -64,75 +66,76 @@ class MergeRule(Rule):
     advice = "lower the solver's base_lr"
     broadcasts_updates = True
 
-    def __init__(self, master, options):
-        super().__init__(master, options)
+    def __init__(self, view, options):
+        super().__init__(view, options)
         self.backup = options["backup"]
         self.round = 0
         self.due = {}              # worker -> the round its next result counts in
         self.waiting, self.delivered, self.joining = set(), [], []
-        self.total, self.messages = None, []
+        self.total, self.results = None, []
 
     def start(self, workers):
         self._open_round(workers)
         for w in workers:
             self.due[w] = self.round
-            self.master.reply(w, "welcome")
+        return [Reply(w, "welcome") for w in workers]
 
     def _open_round(self, workers):
         self.round += 1
-        self.waiting, self.delivered, self.messages = set(workers), [], []
-        self.total = SlotOrderSum(lambda w: (self.master.slot(w), int(w)))
+        self.waiting, self.delivered, self.results = set(workers), [], []
+        self.total = SlotOrderSum(lambda w: (self.view.slot(w), int(w)))
 
     def on_join(self, worker):
         if not self.waiting and not self.delivered:
             self.waiting.add(worker)
             self.due[worker] = self.round
-            self.master.reply(worker, "welcome")
-        else:
-            self.joining.append(worker)
+            return [Reply(worker, "welcome")]
+        self.joining.append(worker)
+        return []
 
     def on_lost(self, worker):
         self.due.pop(worker, None)
         if worker in self.joining:
             self.joining.remove(worker)
-        if worker in self.waiting:
-            self.waiting.discard(worker)
-            self.master.log.warning("Synchronous round: worker %s is gone; the round goes on with %d worker(s)",
-                                    worker, len(self.delivered) + len(self.waiting))
-            self._maybe_close()
-
-    def on_result(self, worker, message):
         if worker not in self.waiting:
-            return
+            return []
+        self.waiting.discard(worker)
+        log.warning("Synchronous round: worker %s is gone; the round goes on with %d worker(s)",
+                    worker, len(self.delivered) + len(self.waiting))
+        return self._maybe_close()
+
+    def on_result(self, result):
+        worker = result.worker
+        if worker not in self.waiting:
+            return []
         if self.due[worker] < self.round:
             # Computed for a round that closed without it: the others' mean has moved W on.
             self.due[worker] = self.round
-            self.master.dropped(message)
-            self.master.reply(worker, "dropped")
-            return
+            return [Drop(result), Reply(worker, "dropped")]
         self.waiting.discard(worker)
-        self.total.add(worker, self.master.read_result(worker), self.waiting)
+        self.total.add(worker, result.arrays, self.waiting)
         self.delivered.append(worker)
-        self.messages.append(message)
-        self._maybe_close()
+        self.results.append(result)
+        return self._maybe_close()
 
     def _maybe_close(self):
+        """The round's merge and replies, once all but --backup of its workers have delivered; else nothing."""
         if self.waiting and not (self.delivered and len(self.waiting) <= self.backup):
-            return
+            return []
+        actions = []
         if self.delivered:
             self.total.drain()
-            self.master.begin_update()
-            self.step(self.total.sum, len(self.delivered))
-            self.master.end_update()
-            self.master.merged(self.messages)
+            actions.append(Merge(self.results, adds=self.step(self.total.sum, len(self.delivered))))
         stragglers, everyone = sorted(self.waiting), self.delivered + self.joining
         self.joining = []
         status = {w: "merged" for w in self.delivered}
         self._open_round(everyone + stragglers)
         for w in everyone:
             self.due[w] = self.round
-            self.master.reply(w, status.get(w, "welcome"))
+            actions.append(Reply(w, status.get(w, "welcome")))
+        return actions
 
     def step(self, total, count):
-        """W moves by the round's `count` results, summed in `total`: by their mean (local-sgd: its outer step)."""
-        self.master.add_to_weights(total, 1.0 / count)
+        """How W moves by the round's `count` results, summed in `total` (the Merge's adds): by their mean
+        (local-sgd: its outer step)."""
+        return [(total, 1.0 / count)]

@@ -7,7 +7,7 @@ kept, and a worker overtaken by a full round of the others is weeded out; it fol
 the typical staleness of the merged results (lr_scaling.py, Rule.merged_work)."""
 from collections import deque
 
-from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Option, Rule, at_least
+from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Drop, Merge, Option, Reply, Rule, at_least
 
 WEEDOUT = Option("weedout", int, 1, "merge a result only if its worker is among the last max(N, live workers) "
                  "to report", at_least(1))
@@ -19,8 +19,8 @@ class MergeRule(Rule):
     staleness_aware = True
     advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
 
-    def __init__(self, master, options):
-        super().__init__(master, options)
+    def __init__(self, view, options):
+        super().__init__(view, options)
         self.n = options["weedout"]
         self.recent = deque()
         self.live = set()
@@ -30,26 +30,24 @@ class MergeRule(Rule):
 
     def start(self, workers):
         self.live.update(workers)
-        super().start(workers)
+        return super().start(workers)
 
     def on_join(self, worker):
         self.live.add(worker)
         self.recent.appendleft(worker)      # as SpeeDO: the newcomer enters as the oldest completion
-        self.master.reply(worker, "welcome")
+        return [Reply(worker, "welcome")]
 
     def on_lost(self, worker):
         self.live.discard(worker)
         self.recent = deque(w for w in self.recent if w != worker)
+        return []
 
-    def on_result(self, worker, message):
+    def on_result(self, result):
+        worker = result.worker
         accept = len(self.recent) < self._window() or worker in self.recent
         self.recent.append(worker)
         while len(self.recent) > self._window():
             self.recent.popleft()
         if accept:
-            self.master.add_to_weights(self.master.read_result(worker), self.scale(message))
-            self.master.merged([message])
-            self.master.reply(worker, "merged")
-        else:
-            self.master.dropped(message)
-            self.master.reply(worker, "dropped")
+            return [Merge([result], adds=[(result.arrays, self.scale(result))]), Reply(worker, "merged")]
+        return [Drop(result), Reply(worker, "dropped")]
