@@ -153,17 +153,17 @@ def new_run(args, kind, n, threads, mode=None, compress=None, scaling=None):
 
 def tau_of(mode):
     """The local steps of a round in `mode` with no options (its default)."""
-    from pycaffe_dist.distributed.modes import resolve_options
+    from pycaffe_dist.distributed.data_parallel.modes import resolve_options
     return resolve_options(mode, {}).get("tau", 1)
 
 
 def takes_compress(mode):
-    from pycaffe_dist.distributed.modes import MODES as DECLARED
+    from pycaffe_dist.distributed.data_parallel.modes import MODES as DECLARED
     return mode in DECLARED and any(option.name == "compress" for option in DECLARED[mode].OPTIONS)
 
 
 def takes_scaling(mode):
-    from pycaffe_dist.distributed.modes import MODES as DECLARED
+    from pycaffe_dist.distributed.data_parallel.modes import MODES as DECLARED
     return mode in DECLARED        # the data-parallel modes; not sandblaster or the pipeline
 
 
@@ -348,7 +348,7 @@ def ddp_child(solver_path, init_path, threads, scaling="linear"):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from train_lenet import caffe_sgd_step, param_mults, torch_lenet   # bench/, this script's directory
-    from pycaffe_dist.distributed import lr_scaling
+    from pycaffe_dist.distributed.data_parallel import lr_scaling
     from pycaffe_dist.io.load import read_net, read_solver
     from pycaffe_dist.proto import caffe_pb2
     torch.set_num_threads(threads)
@@ -699,13 +699,13 @@ def main():
     if unknown:
         raise SystemExit("bench: unknown mode(s) %s (use %s)" % (", ".join(unknown), ", ".join(MODES)))
     args.compress = [c.strip() for c in (args.compress or "none").split(",") if c.strip()]
-    from pycaffe_dist.distributed.compression import check
+    from pycaffe_dist.distributed.data_parallel.compression import check
     bad = [problem for problem in map(check, args.compress) if problem]
     if bad:
         raise SystemExit("bench: --compress %s" % bad[0])
     args.compress = [None if c == "none" else c for c in args.compress]
     args.lr_scaling = [p.strip() for p in args.lr_scaling.split(",") if p.strip()]
-    from pycaffe_dist.distributed.lr_scaling import check_policy
+    from pycaffe_dist.distributed.data_parallel.lr_scaling import check_policy
     bad = [problem for problem in map(check_policy, args.lr_scaling) if problem]
     if bad:
         raise SystemExit("bench: --lr-scaling %s" % bad[0])

@@ -134,7 +134,7 @@ def test_the_layout_test_sees_imports():
     assert ("layers.recurrent", "net.net") in edges
     assert ("net.net", "layers") in edges
     assert any(a.startswith("solver") and b == "net.net" for a, b in edges)
-    assert floor("backend.select") < floor("blob.blob") < floor("net.net") < floor("distributed.master")
+    assert floor("backend.select") < floor("blob.blob") < floor("net.net") < floor("distributed.data_parallel.master")
 
 
 def own_private_names(tree):
@@ -206,7 +206,7 @@ def test_every_redis_call_is_in_the_store():
 
 def test_mode_options_are_declared_once():
     """Each option name appears as a declaration in one mode module only, and nowhere else spells a default."""
-    from pycaffe_dist.distributed.modes import MODES
+    from pycaffe_dist.distributed.data_parallel.modes import MODES
     declared = {}
     for mode, module in MODES.items():
         for option in module.OPTIONS:
@@ -322,8 +322,8 @@ def test_the_rule_view_is_true_to_the_master_and_rules_only_read_it():
     same parameters; the rules use no other member of it, and reach the master no other way: what they want done
     they return as actions (the view cannot drift from what it describes, nor the rules call back)."""
     import inspect
-    from pycaffe_dist.distributed.master import Master
-    from pycaffe_dist.distributed.modes.base import RuleView
+    from pycaffe_dist.distributed.data_parallel.master import Master
+    from pycaffe_dist.distributed.data_parallel.modes.base import RuleView
     members = {name for name, value in vars(RuleView).items() if callable(value) and not name.startswith("_")}
     assert members == {"slot", "typical_staleness", "history"}
     for name in members:

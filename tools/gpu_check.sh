@@ -82,7 +82,7 @@ fi
 if want tests; then
     say "tests: tests/gpu on the real device, the GPU CLI tests and the workers' and stages' GPU tests"
     python3 -m pytest -q -p no:cacheprovider -k "not emulated" tests/gpu tests/cli/test_training_gpu.py \
-        tests/distributed/test_worker_gpu.py tests/distributed/test_sandblaster_gpu.py \
+        tests/distributed/data_parallel/test_worker_gpu.py tests/distributed/test_sandblaster_gpu.py \
         tests/distributed/test_pipeline_gpu.py -rfE 2>&1 | tee "$OUT/tests.log" | tail -40
     row "real-GPU tests" "$(grep -E '(passed|failed|error)' "$OUT/tests.log" | tail -1 | tr -d '=')" "tests.log"
     if [ -n "${GPU_CHECK_OUR_KERNELS:-}" ]; then

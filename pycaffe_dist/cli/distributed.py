@@ -6,7 +6,7 @@ import signal
 import sys
 
 from ..backend import select
-from ..distributed import modes
+from ..distributed.data_parallel import modes
 from ..distributed.job import STOPPED_BY_MASTER, modules_flag
 from ..errors import PycaffeDistError
 from . import arguments
@@ -101,7 +101,7 @@ def slow_worker(text):
 def cmd_train_distributed(args):
     """`train --workers N`: a private redis-server (or --redis), the master and N workers on this machine."""
     from ..distributed import launch
-    from ..distributed.master import Settings
+    from ..distributed.data_parallel.master import Settings
     if args.workers < 1:
         raise PycaffeDistError("--workers must be at least 1, got %d" % args.workers)
     link = checked_link(args)
@@ -180,7 +180,7 @@ def run_launched_job(start, children, master):
 
 def cmd_master(args):
     """The master of a distributed job: publishes it on Redis, merges the workers' results, tests, snapshots."""
-    from ..distributed.master import Master, Settings
+    from ..distributed.data_parallel.master import Master, Settings
     from ..distributed.redis_client import describe
     from ..solver import training_log
     if args.settings is not None:
@@ -212,7 +212,7 @@ def choose_process_gpu(gpu_flag):
 
 def cmd_worker(args):
     """A worker of a distributed job: everything it needs comes from Redis, but the data paths."""
-    from ..distributed.worker import Worker
+    from ..distributed.data_parallel.worker import Worker
     from ..solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     # The master reports the job's training (and a divergence, once): the workers' own solvers stay quiet.

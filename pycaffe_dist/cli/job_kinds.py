@@ -7,7 +7,7 @@ import dataclasses
 from typing import Callable, Tuple
 
 from ..backend import select
-from ..distributed import modes
+from ..distributed.data_parallel import modes
 from ..errors import PycaffeDistError
 
 

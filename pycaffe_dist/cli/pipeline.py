@@ -14,7 +14,7 @@ from .distributed import (add_patience_flags, add_python_layers_flag, checked_li
 def cmd_train_pipeline(args):
     """`train --pipeline K [--micro-batches M]`: the stages as processes, meeting at a private redis-server."""
     from ..distributed import launch
-    from ..distributed.pipeline_master import Settings
+    from ..distributed.pipeline.master import Settings
     if args.pipeline < 1:
         raise PycaffeDistError("--pipeline must be at least 1, got %d" % args.pipeline)
     if args.micro_batches is not None and args.micro_batches < 1:
@@ -31,7 +31,7 @@ def cmd_train_pipeline(args):
 
 
 def cmd_pipeline_master(args):
-    from ..distributed.pipeline_master import PipelineMaster, Settings
+    from ..distributed.pipeline.master import PipelineMaster, Settings
     from ..solver import training_log
     settings = Settings.read(args.settings)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
@@ -41,7 +41,7 @@ def cmd_pipeline_master(args):
 
 
 def cmd_stage(args):
-    from ..distributed.pipeline import Stage
+    from ..distributed.pipeline.stage import Stage
     from ..solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
@@ -58,7 +58,7 @@ def cmd_stage(args):
 def add_verbs(verbs):
     p = verbs.add_parser("pipeline-master", help="the master of a pipeline (what `train --pipeline K` starts)")
     p.add_argument("--settings", required=True, help="its settings as JSON, from this file ('-': standard input): "
-                   "the fields of distributed/pipeline_master.py's Settings")
+                   "the fields of distributed/pipeline/master.py's Settings")
     p.set_defaults(func=cmd_pipeline_master)
 
     p = verbs.add_parser("stage", help="a stage of a pipeline (what `train --pipeline K` starts)")

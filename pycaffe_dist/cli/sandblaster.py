@@ -11,7 +11,7 @@ from .distributed import (add_patience_flags, add_python_layers_flag, checked_li
                           run_launched_job)
 
 MODE = "sandblaster"
-# (flag, Settings field, help); their defaults are distributed/sandblaster_master.py's
+# (flag, Settings field, help); their defaults are distributed/sandblaster/master.py's
 FLAGS = (("--lbfgs-memory", "memory", "(s, y) pairs L-BFGS keeps"),
          ("--sample-batches", "sample_batches", "batches of the training data an evaluation of the objective covers "
                                                 "(one sample per L-BFGS iteration)"),
@@ -19,7 +19,7 @@ FLAGS = (("--lbfgs-memory", "memory", "(s, y) pairs L-BFGS keeps"),
 
 
 def add_train_flags(parser):
-    from ..distributed import sandblaster_master as coordinator
+    from ..distributed.sandblaster import master as coordinator
     for flag, field, text in FLAGS:
         parser.add_argument(flag, dest=field, type=int, default=None, help="with --mode sandblaster: %s (default "
                             "%d)" % (text, getattr(coordinator.Settings, field)))
@@ -33,7 +33,7 @@ def cmd_train_sandblaster(args):
     """`train --workers N --mode sandblaster`: the coordinator and N workers as processes, at a private
     redis-server."""
     from ..distributed import launch
-    from ..distributed.sandblaster_master import Settings
+    from ..distributed.sandblaster.master import Settings
     gpus = select.parse_gpus(args.gpu)
     link = checked_link(args)
     slow = dict(args.slow_worker)
@@ -52,7 +52,7 @@ def cmd_train_sandblaster(args):
 
 
 def cmd_sandblaster_master(args):
-    from ..distributed.sandblaster_master import SandblasterMaster, Settings
+    from ..distributed.sandblaster.master import SandblasterMaster, Settings
     from ..solver import training_log
     settings = Settings.read(args.settings)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
@@ -63,7 +63,7 @@ def cmd_sandblaster_master(args):
 
 
 def cmd_sandblaster_worker(args):
-    from ..distributed.sandblaster import SandblasterWorker
+    from ..distributed.sandblaster.worker import SandblasterWorker
     from ..solver import training_log
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
@@ -81,7 +81,7 @@ def add_verbs(verbs):
     p = verbs.add_parser("sandblaster-master", help="the coordinator of Sandblaster L-BFGS (what `train --mode "
                          "sandblaster` starts)")
     p.add_argument("--settings", required=True, help="its settings as JSON, from this file ('-': standard input): "
-                   "the fields of distributed/sandblaster_master.py's Settings")
+                   "the fields of distributed/sandblaster/master.py's Settings")
     p.set_defaults(func=cmd_sandblaster_master)
 
     p = verbs.add_parser("sandblaster-worker", help="a worker of Sandblaster L-BFGS (what `train --mode sandblaster` "

@@ -39,8 +39,8 @@ def find_job(urls, job):
         return job
     found = job_ids(urls.split(",")[0])
     if len(found) != 1:
-        raise (NoJobYet if not found else StoreError)("%s jobs on this Redis%s: give --job" % ("no" if not found else len(found),
-                                                                 "" if not found else " (%s)" % ", ".join(found)))
+        raise (NoJobYet if not found else StoreError)("%s jobs on this Redis%s: give --job" % (
+            "no" if not found else len(found), "" if not found else " (%s)" % ", ".join(found)))
     return found[0]
 
 
@@ -125,8 +125,8 @@ def _cut(value):
     return {"blobs": blobs, "shapes": shapes, "needs_diff": needs}
 
 
-# The fields of the kinds with nets of their own (sandblaster.py, pipeline.py); "net", "feed" and "state" are protobuf
-# texts, parsed (and their Python layers checked) by check_spec.
+# The fields of the kinds with nets of their own (sandblaster/worker.py, pipeline/stage.py); "net", "feed" and "state"
+# are protobuf texts, parsed (and their Python layers checked) by check_spec.
 KIND_FIELDS = {
     "sandblaster": {"seed": wire.required(wire.integer(0, (1 << 63) - 1)), "start": wire.required(wire.COUNT)},
     "pipeline": {"stages": wire.required(wire.list_of(_stage, limit=1 << 10)),
@@ -173,7 +173,7 @@ def check_spec(spec, where, python_layers=()):
         nets = [parse_text(spec.get(field), caffe_pb2.NetParameter(), where, field) for field in ("net", "feed")]
         checked["net"], checked["feed"] = nets
     if spec.get("kind") is None:
-        from .modes import resolve_options
+        from .data_parallel.modes import resolve_options
         try:
             checked["options"] = resolve_options(checked["mode"], checked["options"])
         except Exception as exc:            # a type() of a value of the wrong type, an unknown option or mode

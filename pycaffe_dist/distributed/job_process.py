@@ -1,13 +1,13 @@
-"""The worker side of every kind of job: what a data-parallel worker (worker.py), a Sandblaster worker
-(sandblaster.py) and a pipeline's stage (pipeline.py) do the same way: find the job (waiting for one to be
+"""The worker side of every kind of job: what a data-parallel worker (data_parallel/worker.py), a Sandblaster worker
+(sandblaster/worker.py) and a pipeline's stage (pipeline/stage.py) do the same way: find the job (waiting for one to be
 published when none is named), wait for its spec and check it, beat its heart, give up when the job ends or its
 master is gone. Sandblaster's workers and the stages also share the rest: the master's control messages (stop,
 ack), and one frame that says ready, reports any failure to the master in one message, and leaves. A subclass
 names itself (`name`: its heartbeat and queue owner; `identity()`: how its messages to the master say who sent
 them) and does its work in `_build` and `_main`.
 
-The data-parallel workers meet the master differently (they join, pull and push the modes' way: worker.py) and
-keep their own frame over this base.
+The data-parallel workers meet the master differently (they join, pull and push the modes' way:
+data_parallel/worker.py) and keep their own frame over this base.
 """
 import os
 import socket
@@ -25,7 +25,7 @@ MASTER_TIMEOUT_BEATS = 10       # heartbeats without the master before a process
 
 
 def beat(process, name):
-    """A process's heartbeat thread (worker.py's too): renew heartbeat `name` four times a heartbeat until
+    """A process's heartbeat thread (data_parallel/worker.py's too): renew heartbeat `name` four times a heartbeat until
     process.stopping is set; a store that fails sets process.error and stops the process."""
     while not process.stopping.wait(process.heartbeat_s / 4):
         try:

@@ -200,8 +200,8 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
 
 
 def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, link=None, gpus=()):
-    """`train --pipeline K` on this machine: a private redis-server, the pipeline's master (pipeline_master.py;
-    `settings` are its Settings, handed over as JSON on its standard input) and its K stages (pipeline.py), each a
+    """`train --pipeline K` on this machine: a private redis-server, the pipeline's master (pipeline/master.py;
+    `settings` are its Settings, handed over as JSON on its standard input) and its K stages (pipeline/stage.py), each a
     process of its own (with `link`, stage i behind link i, and with `gpus`, stage i on gpus[i % len(gpus)], as
     run_local's workers); returns the master's exit code, as run_local."""
     def stage(i, redis_url, job):
@@ -215,7 +215,7 @@ def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_ti
                           link=None, gpus=()):
     """`train --workers N --mode sandblaster` on this machine: a private redis-server, the L-BFGS coordinator
     (sandblaster_master.py; `settings` are its Settings, handed over as JSON on its standard input) and its N workers
-    (sandblaster.py), each a process of its own (with `link` and `gpus`, as run_local's; the coordinator stays on
+    (sandblaster/worker.py), each a process of its own (with `link` and `gpus`, as run_local's; the coordinator stays on
     the CPU); `slow_workers`: {worker index: seconds it sleeps after every unit}. Returns the coordinator's exit
     code, as run_local."""
     slow_workers = slow_workers or {}

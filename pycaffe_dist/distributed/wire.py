@@ -145,7 +145,7 @@ def optional(check):
 WHO = {"host": optional(text()), "address": optional(text(optional=True)), "pid": optional(COUNT)}
 LEAVING = {"error": optional(text(ERROR_LIMIT)), "damaged": optional(flag)}
 
-# pcd:{job}:inbox of a data-parallel job (master.py): what its workers (worker.py) send
+# pcd:{job}:inbox of a data-parallel job (data_parallel/master.py): what its workers (data_parallel/worker.py) send
 INBOX = Schema("a data-parallel master's inbox", "type", {
     "join": dict(WHO, worker=required(worker_id)),
     "ready": {"worker": required(worker_id)},
@@ -198,7 +198,7 @@ PIPELINE_INBOX = Schema("a pipeline master's inbox", "type", {
     "state": {"stage": required(STAGE), "count": required(COUNT), "final": optional(flag), "again": optional(flag)},
 })
 
-# pcd:{job}:stage{s}: the notices one stage sends the next (pipeline.py)
+# pcd:{job}:stage{s}: the notices one stage sends the next (pipeline/stage.py)
 NOTICE = {"count": required(COUNT), "batch": required(COUNT), "micro": required(COUNT)}
 FLOW = Schema("a pipeline stage's queue", "kind", {
     "forward": NOTICE, "backward": NOTICE, "halt": {"count": required(COUNT)},

@@ -1,5 +1,5 @@
 """Cutting a built TRAIN net into K consecutive stages, for pipelined model parallelism (DistBelief's model
-partitions, run with GPipe's micro-batches: Huang et al. 2019; distributed/pipeline.py runs them).
+partitions, run with GPipe's micro-batches: Huang et al. 2019; distributed/pipeline/stage.py runs them).
 
 A cut falls between two layers of the net as built (phase rules applied, Split layers inserted). What crosses it
 is every blob written by a layer before the cut and read by a layer after it: the activations, and also what a

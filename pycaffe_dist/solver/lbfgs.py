@@ -1,7 +1,7 @@
 """L-BFGS (Nocedal 1980; Liu and Nocedal 1989) as functions of flat vectors: the two-loop recursion over the last m
 (s, y) pairs, a line search for the strong Wolfe conditions (Nocedal and Wright, Numerical Optimization, 2nd ed.,
 algorithms 3.5 and 3.6), and one iteration that ties them together. It knows nothing of nets or processes: the
-objective is a function `evaluate(x) -> (f, g)`, which distributed/sandblaster_master.py computes with workers
+objective is a function `evaluate(x) -> (f, g)`, which distributed/sandblaster/master.py computes with workers
 (DistBelief's Sandblaster, Dean et al. 2012).
 
 Choices, and why:

@@ -1,4 +1,4 @@
-"""`dist_caffe train --pipeline K` (distributed/pipeline.py, pipeline_master.py, launch.py): the stages as real
+"""`dist_caffe train --pipeline K` (distributed/pipeline/: stage.py, master.py; launch.py): the stages as real
 processes at a real redis-server train what one process trains, and the errors are one line."""
 import os
 import subprocess

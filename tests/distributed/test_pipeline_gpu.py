@@ -8,7 +8,7 @@ from pycaffe_dist.proto import caffe_pb2
 from pycaffe_dist.proto.binary import read_binary
 
 from .test_pipeline import relative, train, weights
-from .test_worker_gpu import use_device
+from .data_parallel.test_worker_gpu import use_device
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -1,4 +1,5 @@
-"""Sandblaster's workers (distributed/sandblaster.py) as real processes at a real redis-server: any worker computes
+"""Sandblaster's workers (distributed/sandblaster/worker.py)
+as real processes at a real redis-server: any worker computes
 any unit (the split over workers does not change what L-BFGS computes), a slow worker takes fewer units, and the
 unit of a worker that is gone is handed out again."""
 import json

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from .test_sandblaster import sandblaster, weights
-from .test_worker_gpu import use_device
+from .data_parallel.test_worker_gpu import use_device
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Sandblaster's coordinator (distributed/sandblaster_master.py): the objective L-BFGS sees (the loss, the L2 weight
+"""Sandblaster's coordinator (distributed/sandblaster/master.py): the objective L-BFGS sees (the loss, the L2 weight
 decay, fixed parameters), training to accuracy with real processes at a real redis-server (the tiny data set, and
 LeNet on Fashion-MNIST), resuming from a snapshot, the NaN guard, and its errors in one line."""
 import json
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.sandblaster_master import SandblasterMaster, Settings
+from pycaffe_dist.distributed.sandblaster.master import SandblasterMaster, Settings
 from pycaffe_dist.distributed.redis_client import PASSWORD_ENV
 
 from .conftest import accuracies, needs_fashion_mnist, train_on_workers

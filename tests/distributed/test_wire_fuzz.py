@@ -12,7 +12,7 @@ import pytest
 
 from pycaffe_dist.distributed import job as jobs
 from pycaffe_dist.distributed import wire
-from pycaffe_dist.distributed.master import Master, Settings
+from pycaffe_dist.distributed.data_parallel.master import Master, Settings
 from pycaffe_dist.errors import PycaffeDistError, StoreError
 
 from .conftest import REPO
@@ -184,7 +184,7 @@ def test_fuzzed_blob_framing_is_read_or_refused_as_damaged(master, redis_client)
 def test_fuzzed_replies_go_through_a_real_workers_handling(master, redis_client):
     """A worker of the fuzz job (its id claimed, its spec read as any worker's) takes fuzzed replies through its own
     wait for a reply and makes its Outcome of what passes; the rest are dropped, and only our errors come out."""
-    from pycaffe_dist.distributed.worker import Outcome, Rejoin, Stopped, Worker
+    from pycaffe_dist.distributed.data_parallel.worker import Outcome, Rejoin, Stopped, Worker
     worker = Worker(master.store.urls[0], "fuzz", wait_for_job_s=1.0, worker_id=5)
     worker.store.worker_heartbeat(worker.id, 5.0)
     rng, taken, queue = random.Random(13), 0, worker.store.key("go", worker.id)

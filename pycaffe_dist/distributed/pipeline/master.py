@@ -14,18 +14,18 @@ import time
 import numpy as np
 from google.protobuf import text_format
 
-from .. import common
-from ..errors import PycaffeDistError, StoreError
-from ..io.load import read_solver
-from ..net import partition as net_cuts
-from ..solver import lr_policy
-from ..solver.solver import Solver
-from ..solver.training_log import caffe_number
-from . import job as jobs
-from . import pipeline
-from . import wire
-from .coordinator import Coordinator
-from .settings import JsonSettings
+from ... import common
+from ...errors import PycaffeDistError, StoreError
+from ...io.load import read_solver
+from ...net import partition as net_cuts
+from ...solver import lr_policy
+from ...solver.solver import Solver
+from ...solver.training_log import caffe_number
+from .. import job as jobs
+from . import stage as pipeline
+from .. import wire
+from ..coordinator import Coordinator
+from ..settings import JsonSettings
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2

@@ -1,7 +1,8 @@
 """Time to accuracy that falls with N, as a new user runs it: Caffe's LeNet solver on Fashion-MNIST with no mode
 options at all, real processes (`dist_caffe train --workers N`), on whatever cores there are (2 in CI: the workers
 take turns, which makes results staler than on N cores). The learning rate of N workers follows the linear scaling
-rule with a warmup (distributed/lr_scaling.py): N workers' images count, so a job needs about one process's images
+rule with a warmup (distributed/data_parallel/lr_scaling.py):
+N workers' images count, so a job needs about one process's images
 to reach an accuracy, not N times as many. Images to accuracy do not depend on the cores."""
 import json
 import math
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from .conftest import needs_fashion_mnist, train_on_workers
+from ..conftest import needs_fashion_mnist, train_on_workers
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, needs_fashion_mnist]
 
@@ -36,7 +37,7 @@ def one_process_images(fashion_mnist, tmp_path_factory):
     took to reach 0.85 (51,200 when measured)."""
     from google.protobuf import text_format
     from pycaffe_dist.io.load import read_solver
-    from .conftest import REPO
+    from ..conftest import REPO
     tmp = tmp_path_factory.mktemp("one-process")
     param = read_solver(str(REPO / "prototxt" / "lenet_solver.prototxt"))
     param.net = str(fashion_mnist / "lenet.prototxt")

@@ -34,7 +34,7 @@ import random
 
 import numpy as np
 
-from ...errors import DivergedError
+from ....errors import DivergedError
 from .base import OVERLAP, SCALING, TAU, Average, Forget, Merge, Reply, Rule
 
 OPTIONS = (TAU, OVERLAP) + SCALING

@@ -23,18 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import common
-from ..backend import select
-from ..errors import PycaffeDistError, StoreError
-from ..solver.solver import Solver
-from . import job as jobs
-from . import wire
+from ... import common
+from ...backend import select
+from ...errors import PycaffeDistError, StoreError
+from ...solver.solver import Solver
+from .. import job as jobs
+from .. import wire
 from .broadcast import WorkerUpdates
 from .compression import Damaged, ErrorFeedback, format_of
-from .job_process import POLL_S, JobProcess, Stopped
+from ..job_process import POLL_S, JobProcess, Stopped
 from .modes import MODES
 from .results import first_non_finite
-from .redis_client import local_address
+from ..redis_client import local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
 

@@ -4,7 +4,7 @@ import pytest
 
 from pycaffe_dist.cli import build_parser
 from pycaffe_dist.cli.distributed import mode_options
-from pycaffe_dist.distributed.modes import MODES, all_options, resolve_options
+from pycaffe_dist.distributed.data_parallel.modes import MODES, all_options, resolve_options
 from pycaffe_dist.errors import PycaffeDistError
 from tests.cli.commands import assert_clean_error, dist_caffe
 from tests.conftest import REPO

@@ -1,13 +1,14 @@
-"""Compressed W updates (distributed/broadcast.py): a worker that rebuilds W from the updates holds the master's W
+"""Compressed W updates (distributed/data_parallel/broadcast.py):
+a worker that rebuilds W from the updates holds the master's W
 bit for bit, round after round, and falls back to a whole pull when it missed one; the master's residual keeps
 what the updates did not carry; and sync with --compress pulls W as updates in real processes."""
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.broadcast import MasterUpdates, WorkerUpdates
-from pycaffe_dist.distributed.compression import Damaged, OneBit, TopK, Format
+from pycaffe_dist.distributed.data_parallel.broadcast import MasterUpdates, WorkerUpdates
+from pycaffe_dist.distributed.data_parallel.compression import Damaged, OneBit, TopK, Format
 
-from .conftest import accuracies
+from ..conftest import accuracies
 
 SHAPES = [(20, 1, 5, 5), (20,), (50, 20 * 4 * 4), (50,), (10, 50), (10,)]
 

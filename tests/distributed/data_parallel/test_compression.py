@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.compression import (BLOCK, ENTRY, HEADER, Damaged, ErrorFeedback, Format, OneBit,
-                                                  TopK, check, codec)
-from pycaffe_dist.distributed.results import ResultReader
+from pycaffe_dist.distributed.data_parallel.compression import (BLOCK, ENTRY, HEADER, Damaged, ErrorFeedback, Format,
+                                                                OneBit, TopK, check, codec)
+from pycaffe_dist.distributed.data_parallel.results import ResultReader
 from pycaffe_dist.errors import PycaffeDistError, StoreError
 
-from .conftest import needs_fashion_mnist, train_on_workers
+from ..conftest import needs_fashion_mnist, train_on_workers
 
 LENET = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 500), (10,)]
 SHAPES = [(3, 700), (5,), (1,), (2, 2, 300)]         # a partial block, blobs smaller than a byte of signs

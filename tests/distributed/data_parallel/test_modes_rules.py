@@ -3,9 +3,9 @@ round starts. The master here is a recorder of what the rule asks for (the store
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.modes import MODES, base, easgd, gradient_only, resolve_options
+from pycaffe_dist.distributed.data_parallel.modes import MODES, base, easgd, gradient_only, resolve_options
 
-from .conftest import DrivenRule
+from ..conftest import DrivenRule
 
 
 class Recorder:

@@ -1,6 +1,6 @@
 """A Sandblaster worker (DistBelief's Sandblaster L-BFGS, Dean et al. 2012): it computes the loss and gradient of the
 TRAIN net at the point x the master's L-BFGS asks about, over the work units it takes, and pushes their sums. The
-master (sandblaster_master.py) adds the sums up and runs L-BFGS (solver/lbfgs.py).
+master (master.py beside it) adds the sums up and runs L-BFGS (solver/lbfgs.py).
 
 An evaluation is f and its gradient at one x over a sample of B batches of the training data, cut into work units
 of a few batches each. The master writes x, then puts the evaluation's units on one queue; a worker takes one unit
@@ -36,12 +36,12 @@ import logging
 import time
 
 
-from .. import common
-from ..errors import StoreError
-from ..net.net import Net
-from .blob_exchange import BlobExchange
-from . import wire
-from .job_process import POLL_S, JobProcess
+from ... import common
+from ...errors import StoreError
+from ...net.net import Net
+from ..blob_exchange import BlobExchange
+from .. import wire
+from ..job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
 SPEC_KIND = "sandblaster"

@@ -28,8 +28,8 @@ import math
 
 import numpy as np
 
-from ..errors import PycaffeDistError
-from .wire import DamagedData
+from ...errors import PycaffeDistError
+from ..wire import DamagedData
 
 MAGIC, VERSION = b"PCDZ", 1
 HEADER = np.dtype([("magic", "S4"), ("version", "u1"), ("codec", "u1"), ("reserved", "<u2"), ("count", "<u4"),

@@ -39,7 +39,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import DivergedError
+from ...errors import DivergedError
 from . import results
 
 POLICIES = ("linear", "sqrt", "none")

@@ -1,7 +1,7 @@
 """The distributed modes: for each, its options, the master's merge and scheduling rule and the worker's push/pull
 rule, side by side in one module (base.py says what a mode module holds). `MODES` maps the command-line name to
 the module; `resolve_options` checks a job's options against the mode's declarations and fills in defaults."""
-from ...errors import PycaffeDistError
+from ....errors import PycaffeDistError
 from . import async_, easgd, gossip, gradient_only, local_sgd, ssp, sync, weedout
 
 MODES = {"sync": sync, "async": async_, "partial-sync": ssp, "weed-out": weedout, "easgd": easgd,

@@ -33,16 +33,16 @@ import time
 import numpy as np
 from google.protobuf import text_format
 
-from .. import common
-from ..backend import select
-from ..blob.synced_memory import SyncedMemory
-from ..errors import PycaffeDistError, StoreError
-from ..net.net import Net
-from ..proto import caffe_pb2
-from ..solver import updates, updates_gpu
-from .blob_exchange import BlobExchange, host_arrays
-from . import wire
-from .job_process import POLL_S, JobProcess
+from ... import common
+from ...backend import select
+from ...blob.synced_memory import SyncedMemory
+from ...errors import PycaffeDistError, StoreError
+from ...net.net import Net
+from ...proto import caffe_pb2
+from ...solver import updates, updates_gpu
+from ..blob_exchange import BlobExchange, host_arrays
+from .. import wire
+from ..job_process import POLL_S, JobProcess
 
 log = logging.getLogger("pycaffe_dist.distributed")
 f32 = np.float32

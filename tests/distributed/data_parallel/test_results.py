@@ -3,7 +3,7 @@ that come back, with the check for NaN and Inf."""
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.results import ResultReader, first_non_finite
+from pycaffe_dist.distributed.data_parallel.results import ResultReader, first_non_finite
 
 SHAPES = [(4, 3), (5,)]
 

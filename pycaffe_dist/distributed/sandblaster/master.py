@@ -37,18 +37,18 @@ import time
 import numpy as np
 from google.protobuf import text_format
 
-from .. import common
-from ..errors import DivergedError, PycaffeDistError, StoreError
-from ..io.load import read_solver
-from ..net import partition as net_cuts
-from ..solver import lbfgs
-from ..solver.solver import Solver
-from ..solver.training_log import caffe_number
-from . import job as jobs
-from . import sandblaster
-from . import wire
-from .coordinator import Coordinator
-from .settings import JsonSettings
+from ... import common
+from ...errors import DivergedError, PycaffeDistError, StoreError
+from ...io.load import read_solver
+from ...net import partition as net_cuts
+from ...solver import lbfgs
+from ...solver.solver import Solver
+from ...solver.training_log import caffe_number
+from .. import job as jobs
+from . import worker as sandblaster
+from .. import wire
+from ..coordinator import Coordinator
+from ..settings import JsonSettings
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2

@@ -10,7 +10,7 @@ import pytest
 from pycaffe_dist.io.caffemodel import load_weights
 from pycaffe_dist.pycaffe import TEST, Net
 
-from .conftest import needs_fashion_mnist, train_on_workers
+from ..conftest import needs_fashion_mnist, train_on_workers
 
 ERROR = re.compile(r"dist_caffe: error: training diverged in mode (\S+) at merge (\d+): (worker \d+'s result holds "
                    r"NaN or Inf|W overflowed to Inf or NaN) in layer \w+'s blob \d+; the last finite weights are in "

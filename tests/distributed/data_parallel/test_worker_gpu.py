@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pycaffe_dist.distributed import modes
+from pycaffe_dist.distributed.data_parallel import modes
 from tests.distributed.test_launch import _running
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

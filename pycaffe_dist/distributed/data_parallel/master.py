@@ -31,21 +31,22 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy.linalg.blas import saxpy
 
-from .. import common
-from ..errors import DivergedError, PycaffeDistError, StoreError
-from ..io.load import read_solver
-from ..solver.solver import Solver
-from . import compression, lr_scaling, wire
+from ... import common
+from ...errors import DivergedError, PycaffeDistError, StoreError
+from ...io.load import read_solver
+from ...solver.solver import Solver
+from . import compression, lr_scaling
+from .. import wire
 from .broadcast import MasterUpdates
-from .coordinator import Coordinator, failure_text
-from . import job as jobs
+from ..coordinator import Coordinator, failure_text
+from .. import job as jobs
 from .modes import MODES, resolve_options
 from .modes.base import Average, Drop, Forget, Merge, Reply, Result
 from . import results
 from .results import ResultReader
-from .settings import JsonSettings
-from .redis_client import describe
-from .store import Store
+from ..settings import JsonSettings
+from ..redis_client import describe
+from ..store import Store
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2

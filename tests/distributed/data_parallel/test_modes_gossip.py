@@ -9,13 +9,13 @@ import signal
 import numpy as np
 import pytest
 
-from pycaffe_dist.distributed.modes import base, gossip, resolve_options
+from pycaffe_dist.distributed.data_parallel.modes import base, gossip, resolve_options
 from pycaffe_dist.errors import DivergedError
 from pycaffe_dist.io.caffemodel import load_weights
 from pycaffe_dist.io.load import read_solver
 from pycaffe_dist.pycaffe import TEST, Net
 
-from .conftest import DrivenRule, accuracies, needs_fashion_mnist, train_on_workers, wait_for_merges
+from ..conftest import DrivenRule, accuracies, needs_fashion_mnist, train_on_workers, wait_for_merges
 
 
 class Recorder:

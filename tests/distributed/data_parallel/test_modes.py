@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from .conftest import accuracies, keys_of, wait_for_merges
+from ..conftest import accuracies, keys_of, wait_for_merges
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
