@@ -338,6 +338,28 @@ def test_the_rule_view_is_true_to_the_master_and_rules_only_read_it():
         assert used <= members, (path.name, used - members)
 
 
+def test_every_key_of_the_store_is_in_its_one_table():
+    """store.py's table lists every key of a job with the methods that read and write it: each public method of
+    the Store and of each protocol's namespace (a Store subclass in keys.py of its kind's folder) is named there,
+    and no namespace speaks to Redis but through the Store's blobs and queues."""
+    from pycaffe_dist.distributed import store
+    from pycaffe_dist.distributed.data_parallel.keys import DataParallelStore
+    from pycaffe_dist.distributed.pipeline.keys import PipelineStore
+    from pycaffe_dist.distributed.sandblaster.keys import SandblasterStore
+    namespaces = (DataParallelStore, SandblasterStore, PipelineStore)
+    assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("distributed/*/keys.py")) == [
+        "distributed/data_parallel/keys.py", "distributed/pipeline/keys.py", "distributed/sandblaster/keys.py"]
+    table = set(re.findall(r"[a-z_]+", store.__doc__))
+    not_keys = {"key", "refuse", "servers_cpu_s"}         # a key's name for messages, the refusals, INFO cpu
+    for cls in (store.Store,) + namespaces:
+        assert cls is store.Store or cls.__bases__ == (store.Store,), cls
+        methods = {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")} - not_keys
+        assert methods and methods <= table, (cls.__name__, sorted(methods - table))
+        assert cls.__name__ in store.__doc__ or cls is store.Store
+    for path in PACKAGE.glob("distributed/*/keys.py"):
+        assert "_control" not in path.read_text() and "_clients" not in path.read_text(), path
+
+
 def test_the_version_has_one_place():
     """pycaffe_dist.__version__ is the version: the package's metadata (pyproject.toml reads it) and
     `dist_caffe --version` say the same."""

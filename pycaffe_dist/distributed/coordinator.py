@@ -39,13 +39,14 @@ def failure_text(exc):
 
 class Coordinator(stop_signals.StopRequests):
     kind = None
+    store_class = Store                 # the job's store, with the keys of this kind's protocol
 
     def _open_job(self, settings, param, existing_hint="choose another --job"):
         """The job's id (given, or made from the solver's name), its store, its lease, its tester and what every
         coordinator keeps; a job of that id already on Redis is refused."""
         self.param = param
         self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
-        self.store = Store(settings.redis, self.job, settings.retry_s)
+        self.store = self.store_class(settings.redis, self.job, settings.retry_s)
         self.store.claim_master(settings.heartbeat_s)
         if self.store.job_spec() is not None:
             self.store.release_master()

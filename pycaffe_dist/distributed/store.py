@@ -1,38 +1,47 @@
-"""The parameter store: one job's weights, results and control messages in Redis (redis-py with hiredis; the
-connections and the blobs' own socket are redis_client.py's).
+"""The job's store: one job's keys on Redis (redis-py with hiredis; the connections and the blobs' own socket are
+redis_client.py's), a key-value service with one namespace per protocol.
 
-Every Redis call of the package is made here, and every key a job writes, under `pcd:{job}:`, has its methods:
+Every Redis call of the package is made here. Store holds the keys every kind of job shares; each kind's protocol
+adds its own in a subclass in its folder (DataParallelStore, SandblasterStore, PipelineStore: keys.py), built from
+Store's blobs (`_put_blobs`, `_get_blobs`, `_remove_blobs`) and queues. Every key, under `pcd:{job}:`, is listed
+here, with its methods:
 
   key                 what it holds                                               methods
+  -- every kind of job (Store) --
   job                 hash: spec (JSON: solver text, mode, options, blob names     publish_job, job_spec, job_state,
-                      and shapes), state (running/done), epoch                     finish_job
+                      and shapes), state (running/done), epoch                     finish_job, new_epoch
   W:{s}               global weights, the slice on server s: 8-byte version        put_weights, get_weights
-                      (uint64 LE) + raw float32 LE data
+                      (uint64 LE) + raw float32 LE data (Sandblaster: the point x)
   state               hash: merge count, current_step (what a restarted master    put_weights (with W),
                       continues from), written with W in one transaction          master_state
-  hist:{k}:{s}        the master's history set k (gradient-only; local-sgd), as W  put_history, get_history
-  U:{s}               the last round's compressed change of W (sync, local-sgd     put_update, get_update
-                      with --compress; broadcast.py): its payload, as a result
-  x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result,
-                      or (--compress) as its payload (compression.py), sliced    remove_result
-                      alike
   stats               hash: progress for displays (JSON)                          put_progress, progress
-  inbox               list: JSON messages to the master (join, ready, result,     send_to_master, next_message(s),
-                      leave), emptied as the job is published                     publish_job
-  go:{w}              list: JSON replies to worker w (slot, welcome, merged,      reply_to(_each), next_reply
-                      dropped, reset, stop)
-  hb:{w}              a worker's heartbeat: a key with a TTL                      worker_heartbeat, workers_alive
+  inbox               list: JSON messages to the master, emptied as the job is    send_to_master, next_message,
+                      published                                                   next_messages, publish_job
+  go:{name}           list: JSON messages to process `name` (a worker's id, a      reply_to, reply_to_each,
+                      stage's name): replies, control (stop)                      next_reply
+  hb:{name}           process `name`'s heartbeat: a key with a TTL                 worker_heartbeat, workers_alive
   master              the master's lease: JSON (host, pid, token) with a TTL,     claim_master, master_heartbeat,
-                      renewed by its owner only (one master per job)             master_alive, master_holder
+                      renewed by its owner only (one master per job)             master_alive, master_holder,
+                                                                                  release_master
   workers             hash: worker id -> JSON (host, pid, slot), by the master    add_member, members
   ids, next_worker    hash of claimed worker ids -> pid; the next free id         claim_worker_id
-  (every key)                                                                     leave (hb and go of one worker),
+  (every key)                                                                     leave (hb and go of one process),
                                                                                   remove_job
-
-The other kinds of job use the same methods under owners of their own (their modules say what each holds):
-  Sandblaster (sandblaster.py)   go:units (the work units), x:sum{w} (worker w's gradient sums), go:{w}
-  a pipeline (pipeline.py)       x:stage{s}-act{m}, x:stage{s}-grad{m}, x:stage{s}-state (blobs), go:stage{s} (the
-                                 notices between stages), go:stage{s}-ctl (the master's), hb:stage{s}
+  -- data-parallel (DataParallelStore, data_parallel/keys.py) --
+  x:{w}:{s}           worker w's result (delta, gradient or local weights), as W  put_result, get_result,
+                      or (--compress) as its payload (compression.py)             remove_result
+  hist:{k}:{s}        the master's history set k (gradient-only; local-sgd), as W  put_history, get_history
+  U:{s}               the last round's compressed change of W (sync, local-sgd     put_update, get_update
+                      with --compress; broadcast.py): its payload
+  -- Sandblaster (SandblasterStore, sandblaster/keys.py) --
+  go:units            list: the evaluations' work units                           hand_out, next_unit
+  x:sum{w}:{s}        worker w's gradient sums of its last push                   put_sums, get_sums
+  -- a pipeline (PipelineStore, pipeline/keys.py; {n}: the server) --
+  x:stage{s}-act{m}:{n}   what crosses the cut after stage s, micro-batch m       put_activations, get_activations
+  x:stage{s}-grad{m}:{n}  the gradients of what stage s received, micro-batch m   put_gradients, get_gradients
+  x:stage{s}-state:{n}    stage s's parameters and solver history                 put_state, get_state
+  go:stage{s}         list: notices to stage s (forward, backward, halt)          notify
+  go:stage{s}-ctl     list: the master's messages to stage s (ack, halt, stop)    to_stage
 
 Values are never pickled. JSON control messages are size-checked before parsing, then checked field by field
 against their queue's schema (wire.py): one that fails is dropped with a warning and counted (`refused`). Blob
@@ -44,6 +53,7 @@ at once (a thread per further server), so that each server and each connection m
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import time
@@ -149,7 +159,7 @@ class Store:
     def finish_job(self):
         self._call(self._control.hset, self.key("job"), "state", "done")
 
-    # --- blobs: W (with the master's state), the history, the workers' results ------------------------------------
+    # --- W (with the master's state) ---------------------------------------------------------------------------
 
     def put_weights(self, arrays, count, current_step):
         """W at merge `count`, and the master's state (count, current_step) in the same transaction."""
@@ -172,34 +182,6 @@ class Store:
                                       % (self.job, self.key("state"), field, value[:40]))
                 state[field] = int(value)
         return state
-
-    def put_history(self, index, arrays, count):
-        self._put_blobs("hist:%d" % index, arrays, count)
-
-    def get_history(self, index, shapes):
-        """History set `index` as arrays, or None when the job has none saved."""
-        return self._get_blobs("hist:%d" % index, shapes, missing_ok=True)[0]
-
-    def put_update(self, payload, count):
-        """The compressed change of W that merge `count` made (broadcast.py): one payload blob."""
-        self._put_blobs("U", [payload], count)
-
-    def get_update(self, out):
-        """(the last update's payload, read into `out`, its merge count), or (None, None) if there is none."""
-        arrays, version = self._get_blobs("U", [out.shape], out=[out], missing_ok=True)
-        return (None, None) if arrays is None else (arrays[0], version)
-
-    def put_result(self, worker, arrays, round_id):
-        self._put_blobs("x", arrays, round_id, owner=worker)
-
-    def get_result(self, worker, shapes, out=None, missing_ok=False):
-        """The worker's last result (None if it is not there and missing_ok)."""
-        return self._get_blobs("x", shapes, owner=worker, out=out, missing_ok=missing_ok)[0]
-
-    def remove_result(self, worker):
-        """The worker's last result, removed from every server (gossip: a worker counted out is nobody's peer)."""
-        for server, (url, client) in enumerate(zip(self.urls, self._clients)):
-            self._call(client.delete, self._blob_key("x", server, worker), url=url)
 
     # --- progress, for displays ------------------------------------------------------------------------------
 
@@ -370,7 +352,7 @@ class Store:
                 return function(*args, **kwargs)
             except (redis.AuthenticationError, redis.ResponseError) as exc:
                 error = DamagedData if "WRONGTYPE" in str(exc) else StoreError
-                raise error(explain(exc, url or self.urls[0], key or _first_key(args))) from None
+                raise error(explain(exc, url or self.urls[0], key or _first_key(args) or _key_in(str(exc)))) from None
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc) or "Authentication" in str(exc):
                     raise StoreError(explain(exc, url or self.urls[0])) from None
@@ -452,6 +434,11 @@ class Store:
         return message
 
     # --- blobs ----------------------------------------------------------------------------------------------------
+
+    def _remove_blobs(self, kind, owner=None):
+        """A blob set removed from every server."""
+        for server, (url, client) in enumerate(zip(self.urls, self._clients)):
+            self._call(client.delete, self._blob_key(kind, server, owner), url=url)
 
     def _blob_key(self, kind, server, owner=None):
         return self.key(kind, server) if owner is None else self.key(kind, owner, server)
@@ -557,6 +544,13 @@ class Store:
             if len(set(versions)) == 1:
                 return arrays, versions[0]
         raise StoreError("job %s: blobs %s keep changing while being read" % (self.job, kind))
+
+
+def _key_in(text):
+    """The job's key a Redis error names (a pipeline's error quotes its failed command: "Command # 1 (LRANGE key
+    ...)"), or None."""
+    match = re.search(r"\b%s:[^\s)]+" % PREFIX, text)
+    return match.group(0) if match else None
 
 
 def _first_key(args):

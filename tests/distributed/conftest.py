@@ -14,7 +14,7 @@ from google.protobuf import text_format
 from pycaffe_dist.data.sources import open_writer
 from pycaffe_dist.distributed.launch import LocalRedis
 from pycaffe_dist.distributed.redis_client import PASSWORD_ENV, connect
-from pycaffe_dist.distributed.store import Store
+from pycaffe_dist.distributed.data_parallel.keys import DataParallelStore
 from pycaffe_dist.proto import caffe_pb2
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def env(redis_server):
 @pytest.fixture
 def store_for(redis_server, monkeypatch):
     monkeypatch.setenv(PASSWORD_ENV, redis_server.password)
-    return lambda job: Store(redis_server.url, job)
+    return lambda job: DataParallelStore(redis_server.url, job)     # the store and the data-parallel keys
 
 
 @pytest.fixture

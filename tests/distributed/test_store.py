@@ -9,7 +9,8 @@ import pytest
 from pycaffe_dist.distributed import wire
 from pycaffe_dist.distributed.launch import LocalRedis
 from pycaffe_dist.distributed.redis_client import connect
-from pycaffe_dist.distributed.store import HEADER, Store, job_ids
+from pycaffe_dist.distributed.data_parallel.keys import DataParallelStore
+from pycaffe_dist.distributed.store import HEADER, job_ids
 from pycaffe_dist.errors import StoreError
 
 from .conftest import keys_of
@@ -65,7 +66,7 @@ def test_blobs_shard_over_servers_in_equal_slices(redis_server, monkeypatch, ser
         # Each server has its own password: give them in the URLs.
         urls = [s.url.replace("//", "//:%s@" % s.password) for s in [redis_server] + extra]
         clients = [connect(u) for u in urls]
-        store = Store(urls, "sharded")
+        store = DataParallelStore(urls, "sharded")
         arrays = _arrays(2)
         store.put_weights(arrays, 4, 0)
         got, version = store.get_weights(SHAPES)
@@ -133,6 +134,9 @@ def test_a_key_of_the_wrong_type_is_damaged_data_naming_the_key(store_for, redis
     redis_client.hset("pcd:wrongtype:inbox", "a", "b")
     with pytest.raises(wire.DamagedData, match="pcd:wrongtype:inbox holds a value of the wrong type"):
         store.next_message(0, wire.INBOX)
+    # a pipeline's failed command names the key too (a BRPOP that found a list, then LRANGE the hash put there)
+    with pytest.raises(wire.DamagedData, match="pcd:wrongtype:inbox holds a value of the wrong type"):
+        store._pipeline(lambda pipe: pipe.lrange("pcd:wrongtype:inbox", -63, -1))
     redis_client.rpush("pcd:wrongtype:W:0", "x")
     with pytest.raises(wire.DamagedData, match="pcd:wrongtype:W:0 holds a value of the wrong type"):
         store.get_weights(SHAPES)

@@ -46,7 +46,7 @@ from . import results
 from .results import ResultReader
 from ..settings import JsonSettings
 from ..redis_client import describe
-from ..store import Store
+from .keys import DataParallelStore
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
@@ -87,6 +87,7 @@ class Settings(JsonSettings):
 
 
 class Master(Coordinator):
+    store_class = DataParallelStore
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.log = log
@@ -94,7 +95,7 @@ class Master(Coordinator):
         self.join_timeout_s, self.heartbeat_s = settings.join_timeout_s, settings.heartbeat_s
         if settings.resume:
             self.job = settings.job or jobs.find_job(settings.redis, None)
-            self.store = Store(settings.redis, self.job, settings.retry_s)
+            self.store = self.store_class(settings.redis, self.job, settings.retry_s)
             spec = self.store.job_spec()
             if spec is None:
                 raise StoreError("job %s: nothing to resume on %s" % (self.job, describe(self.store.urls[0])))

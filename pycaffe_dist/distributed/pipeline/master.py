@@ -22,7 +22,8 @@ from ...solver import lr_policy
 from ...solver.solver import Solver
 from ...solver.training_log import caffe_number
 from .. import job as jobs
-from . import stage as pipeline
+from .keys import PipelineStore, control_queue, flow_queue
+from .stage import SPEC_KIND
 from .. import wire
 from ..coordinator import Coordinator
 from ..settings import JsonSettings
@@ -55,6 +56,7 @@ def micro_batches_for(sizes, stages, asked=None):
 
 
 class PipelineMaster(Coordinator):
+    store_class = PipelineStore
     kind = "pipeline"
     stopping_whom = "the stages"
 
@@ -90,7 +92,7 @@ class PipelineMaster(Coordinator):
         self.spec = dict(
             jobs.make_spec(param, "pipeline", {"stages": self.stage_count, "micro_batches": self.micro}, self.names,
                            self.shapes, settings.heartbeat_s, self.stage_count),
-            kind=pipeline.SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, self.micro)),
+            kind=SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, self.micro)),
             feed=text_format.MessageToString(net_cuts.feed_net_param(net)),
             state=text_format.MessageToString(net.state),
             stages=[{"range": list(r), "params": p} for r, p in zip(self.partition.ranges, self.partition.params)],
@@ -119,7 +121,7 @@ class PipelineMaster(Coordinator):
 
     def _begin(self):
         for s in range(self.stage_count):
-            self.store.put_result(pipeline.state_blobs(s), self._state_arrays(s), self.count)
+            self.store.put_state(s, self._state_arrays(s), self.count)
         self.store.publish_job(self.spec)
         self.store.master_heartbeat(self.settings.heartbeat_s)
         log.info("Pipeline of %d stages, %d micro-batches per batch of %d images: %s", self.stage_count, self.micro,
@@ -132,7 +134,7 @@ class PipelineMaster(Coordinator):
         last_check = time.monotonic()
         while True:
             if self.stop_requested and not self.halt_sent:
-                self.store.reply_to(pipeline.control_queue(0), {"status": "halt"})
+                self.store.to_stage(0, {"status": "halt"})
                 self.halt_sent = True
             message = self.store.next_message(POLL_S, wire.PIPELINE_INBOX)
             if message is not None and self._handle(message):
@@ -167,9 +169,9 @@ class PipelineMaster(Coordinator):
         elif kind == "state":
             count = message["count"]
             if not message.get("again"):
-                self.store.get_result(pipeline.state_blobs(stage), [a.shape for a in self._state_arrays(stage)],
+                self.store.get_state(stage, [a.shape for a in self._state_arrays(stage)],
                                       out=self._state_arrays(stage))
-                self.store.reply_to(pipeline.control_queue(stage), {"status": "ack"})
+                self.store.to_stage(stage, {"status": "ack"})
                 self.states.setdefault(count, set()).add(stage)
                 if len(self.states[count]) == self.stage_count:
                     self._assembled(count)
@@ -216,12 +218,12 @@ class PipelineMaster(Coordinator):
     def _housekeeping(self):
         self.store.master_heartbeat(self.settings.heartbeat_s)
         self.store.put_progress(self.progress())
-        names = [pipeline.flow_queue(s) for s in range(self.stage_count)]
+        names = [flow_queue(s) for s in range(self.stage_count)]
         if not self.started:
             if time.monotonic() - self.started_at > self.settings.join_timeout_s:
                 raise StoreError("job %s: only %d of %d stages ready after %.0f s" % (
                     self.job, len(self.ready), self.stage_count, self.settings.join_timeout_s))
-            names = [pipeline.flow_queue(s) for s in self.ready]
+            names = [flow_queue(s) for s in self.ready]
         for name, alive in zip(names, self.store.workers_alive(names)):
             if not alive and int(name[len("stage"):]) not in self.finals:
                 raise PycaffeDistError("%s has no heartbeat for %g s: a pipeline cannot go on without one of its "
@@ -255,8 +257,8 @@ class PipelineMaster(Coordinator):
         """Tell the stages to stop (with `why`, a failure), wait a little for them to go, write the stats, remove
         the job's keys."""
         try:
-            jobs.end_job(self.store, [pipeline.control_queue(s) for s in range(self.stage_count)],
-                         [pipeline.flow_queue(s) for s in range(self.stage_count)], 2.0 if failed else 10.0,
+            jobs.end_job(self.store, [control_queue(s) for s in range(self.stage_count)],
+                         [flow_queue(s) for s in range(self.stage_count)], 2.0 if failed else 10.0,
                          self.settings.stats_path, self.summary, self.settings.keep, why)
         except StoreError:
             if not failed:

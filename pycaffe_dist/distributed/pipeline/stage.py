@@ -17,15 +17,8 @@ iter_size batches), and the update divides them by iter_size x M: Caffe's iter_s
 mix the samples of a batch is the whole batch's gradient. Each stage then applies the solver's update rule
 (solver/updates.py, as the Solver does) to its own parameters at the same iteration.
 
-The job's keys a pipeline adds are the store's per-owner blobs (x:{owner}) and queues (go:{owner}), with these
-owners:
-  stage{s}-act{m}   blobs: what crosses the cut after stage s, for micro-batch m
-  stage{s}-grad{m}  blobs: the gradients of what stage s received, for micro-batch m
-  stage{s}-state    blobs: stage s's parameters, then its solver history: from the master at the start, to the
-                    master when a snapshot or a test is due
-  stage{s}          queue: notices to stage s: forward (from s - 1), backward (from s + 1), halt (from s - 1)
-  stage{s}-ctl      queue: the master's messages to stage s: ack (of a state), halt (to stage 0), stop
-and the heartbeat hb:stage{s}.
+The job's keys a pipeline adds (what crosses each cut, each stage's state, the queues between stages) are
+PipelineStore's (keys.py).
 """
 import logging
 import time
@@ -43,30 +36,11 @@ from ...solver import updates, updates_gpu
 from ..blob_exchange import BlobExchange, host_arrays
 from .. import wire
 from ..job_process import POLL_S, JobProcess
+from .keys import PipelineStore, control_queue, flow_queue
 
 log = logging.getLogger("pycaffe_dist.distributed")
 f32 = np.float32
 SPEC_KIND = "pipeline"
-
-
-def flow_queue(stage):
-    return "stage%d" % stage
-
-
-def control_queue(stage):
-    return "stage%d-ctl" % stage
-
-
-def activations(stage, micro):
-    return "stage%d-act%d" % (stage, micro)
-
-
-def gradients(stage, micro):
-    return "stage%d-grad%d" % (stage, micro)
-
-
-def state_blobs(stage):
-    return "stage%d-state" % stage
 
 
 def state_due(param, count, max_iter):
@@ -77,6 +51,7 @@ def state_due(param, count, max_iter):
 
 
 class Stage(JobProcess):
+    store_class = PipelineStore
     def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
                  python_layers=()):
         super().__init__(urls, job, SPEC_KIND, "a pipeline", wait_for_job_s, master_timeout_s, retry_s,
@@ -153,7 +128,7 @@ class Stage(JobProcess):
         return [memory.device() for memory in self.history_memory]
 
     def _load_state(self):
-        arrays = self.store.get_result(state_blobs(self.index), [a.shape for a in self._state_arrays()])
+        arrays = self.store.get_state(self.index, [a.shape for a in self._state_arrays()])
         for mine, given in zip(self._state_arrays(), arrays):
             mine[...] = given
         self.count, self.current_step = int(self.spec["start"]), int(self.spec["current_step"])
@@ -233,26 +208,26 @@ class Stage(JobProcess):
             return
         if first_time:
             self._expect("forward", count, batch, micro)
-            self._moving(self.store.get_result, activations(self.index - 1, micro), self.inputs["shapes"],
+            self._moving(self.store.get_activations, self.index - 1, micro, self.inputs["shapes"],
                          out=self.fed.incoming(self.received[micro]))
         self.fed.land(self.received[micro])
 
     def _send_forward(self, count, batch, micro):
-        self._moving(self.store.put_result, activations(self.index, micro), self.sent.outgoing(), count)
-        self.store.reply_to(flow_queue(self.index + 1), self._notice("forward", count, batch, micro))
+        self._moving(self.store.put_activations, self.index, micro, self.sent.outgoing(), count)
+        self.store.notify(self.index + 1, self._notice("forward", count, batch, micro))
 
     def _receive_backward(self, count, batch, micro):
         self._expect("backward", count, batch, micro)
         if self.diffs_in.blobs:
-            self._moving(self.store.get_result, gradients(self.index + 1, micro),
+            self._moving(self.store.get_gradients, self.index + 1, micro,
                          [b.shape for b in self.diffs_in.blobs], out=self.diffs_in.incoming())
             self.diffs_in.land()
 
     def _send_backward(self, count, batch, micro):
         if self.diffs_out.blobs:
-            self._moving(self.store.put_result, gradients(self.index, micro), self.diffs_out.outgoing(), count)
+            self._moving(self.store.put_gradients, self.index, micro, self.diffs_out.outgoing(), count)
         # sent with nothing to carry too: the stages stay in step, so each queue sees its notices in order
-        self.store.reply_to(flow_queue(self.index - 1), self._notice("backward", count, batch, micro))
+        self.store.notify(self.index - 1, self._notice("backward", count, batch, micro))
 
     def _batch(self, count, batch):
         """One batch's forwards and backwards; returns the mean of its micro-batches' losses (of this stage's
@@ -309,7 +284,7 @@ class Stage(JobProcess):
     def _put_state(self, final):
         if self.unacked:
             self._wait(control_queue(self.index), lambda m: m.get("status") == "ack")
-        self.store.put_result(state_blobs(self.index), self._current_state(), self.count)
+        self.store.put_state(self.index, self._current_state(), self.count)
         self.unacked = True
         self.store.send_to_master({"type": "state", "stage": self.index, "count": self.count, "final": final})
         self.state_at = self.count
@@ -322,7 +297,7 @@ class Stage(JobProcess):
                 self._poll_control()
                 if self.count >= max_iter or self.halt_requested:
                     if self.stages > 1:
-                        self.store.reply_to(flow_queue(1), {"kind": "halt", "count": self.count})
+                        self.store.notify(1, {"kind": "halt", "count": self.count})
                     break
             else:
                 # the stage before says what comes next: this iteration's first forward, or halt
@@ -332,7 +307,7 @@ class Stage(JobProcess):
                         raise StoreError("stage %d of job %s: halt at %s, but it is at %d" % (
                             self.index, self.job, first.get("count"), self.count))
                     if self.index < self.stages - 1:
-                        self.store.reply_to(flow_queue(self.index + 1), first)
+                        self.store.notify(self.index + 1, first)
                     break
                 self.pending = first                        # where _expect takes it first
             started, self.waited_s = time.perf_counter(), 0.0

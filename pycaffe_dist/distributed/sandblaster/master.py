@@ -45,7 +45,8 @@ from ...solver import lbfgs
 from ...solver.solver import Solver
 from ...solver.training_log import caffe_number
 from .. import job as jobs
-from . import worker as sandblaster
+from .keys import SandblasterStore
+from .worker import SPEC_KIND
 from .. import wire
 from ..coordinator import Coordinator
 from ..settings import JsonSettings
@@ -88,6 +89,7 @@ class Evaluation:
 
 
 class SandblasterMaster(Coordinator):
+    store_class = SandblasterStore
     kind = "sandblaster"
 
     def __init__(self, settings):
@@ -126,7 +128,7 @@ class SandblasterMaster(Coordinator):
                    "unit_batches": settings.unit_batches}
         self.spec = dict(jobs.make_spec(param, "sandblaster", options, self.names, self.shapes, settings.heartbeat_s,
                                         settings.workers),
-                         kind=sandblaster.SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, 1)),
+                         kind=SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, 1)),
                          feed=text_format.MessageToString(net_cuts.feed_net_param(net)),
                          state=text_format.MessageToString(net.state), start=self.count,
                          seed=param.random_seed if param.random_seed >= 0 else secrets.randbelow(1 << 31))
@@ -240,7 +242,7 @@ class SandblasterMaster(Coordinator):
                   "sample": sample}
                  for u, first in enumerate(range(0, B, b))]
         self.evaluation = Evaluation(number, units, x.size)
-        self.store.reply_to_each([(sandblaster.UNITS, unit) for unit in units])
+        self.store.hand_out(units)
         self.last_message = time.monotonic()
         while self.evaluation.pending:
             for message in self.store.next_messages(POLL_S, 64, wire.SANDBLASTER_INBOX):
@@ -258,7 +260,7 @@ class SandblasterMaster(Coordinator):
                         e.number, why)
             for u in units:
                 e.holders.pop(u, None)
-            self.store.reply_to_each([(sandblaster.UNITS, e.units[u]) for u in sorted(units)])
+            self.store.hand_out([e.units[u] for u in sorted(units)])
 
     def _handle(self, message):
         """One message of the inbox, checked by the store (wire.SANDBLASTER_INBOX)."""
@@ -312,8 +314,7 @@ class SandblasterMaster(Coordinator):
                                  "worker %s's sums held units summed already" % worker)
             return
         try:
-            read = self.store.get_result(sandblaster.sums_owner(worker), self.shapes, out=self.views(self.scratch),
-                                         missing_ok=True)
+            read = self.store.get_sums(worker, self.shapes, out=self.views(self.scratch))
             problem = None if read is not None else "it has none on Redis"
         except wire.DamagedData as exc:
             problem = str(exc)

@@ -20,13 +20,12 @@ that a data layer's rand_skip and shuffles make the same stream on every worker,
 forward (Dropout) draw batch j's numbers for batch j, whatever the point and the worker (their streams are put at a
 counter of j's own): one sample's objective is one function of x, for the line search.
 
-The job's keys it uses are the store's (store.py):
+The job's keys it uses (store.py lists them all):
   W                 the point x of the current evaluation, versioned by the evaluation's number: pulled once per
                     evaluation, straight into the net's parameters
-  go:units          queue: the evaluations' units, {"eval", "unit", "first", "count", "sample"}: batches first to
+  go:units          queue: the evaluations' units (SandblasterStore, keys.py): a unit is batches first to
                     first + count - 1 of the stream, in the sample that starts at batch `sample`
-  x:sum{w}          blobs: worker w's gradient sums over the units of its last push (not written again before the
-                    master acks it)
+  x:sum{w}          blobs: worker w's gradient sums over the units of its last push (SandblasterStore)
   go:{w}            queue: the master's messages to worker w: ack (of a push), stop
   inbox             to the master: ready, taken (a unit), sums (a push: its evaluation, units, loss sum and batches),
                     leave, error
@@ -42,17 +41,12 @@ from ...net.net import Net
 from ..blob_exchange import BlobExchange
 from .. import wire
 from ..job_process import POLL_S, JobProcess
+from .keys import SandblasterStore
 
 log = logging.getLogger("pycaffe_dist.distributed")
 SPEC_KIND = "sandblaster"
-UNITS = "units"
 # Batch j's random draws start at counter j << 32: 2^32 Philox blocks a batch, more than any layer draws.
 DRAWS_PER_BATCH_SHIFT = 32
-
-
-def sums_owner(worker):
-    """The store owner of worker `worker`'s pushed sums (blobs x:sum{w})."""
-    return "sum%s" % worker
 
 
 class Held:
@@ -70,6 +64,7 @@ class Held:
 
 
 class SandblasterWorker(JobProcess):
+    store_class = SandblasterStore
     def __init__(self, urls, job=None, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
                  worker_id=None, delay_s=0.0, python_layers=()):
         super().__init__(urls, job, SPEC_KIND, "a Sandblaster job", wait_for_job_s, master_timeout_s, retry_s,
@@ -158,7 +153,7 @@ class SandblasterWorker(JobProcess):
 
     def _push(self, held):
         self._wait_for_ack()
-        self.store.put_result(sums_owner(self.id), self.sums.outgoing(), held.evaluation)
+        self.store.put_sums(self.id, self.sums.outgoing(), held.evaluation)
         self.store.send_to_master({"type": "sums", "worker": self.id, "eval": held.evaluation, "units": held.units,
                                    "loss": held.loss, "batches": held.batches, "compute_s": held.compute_s})
         self.unacked = True
@@ -172,7 +167,7 @@ class SandblasterWorker(JobProcess):
         self.net.clear_param_diffs()
         while True:
             self._poll_control()
-            unit = self.store.next_reply(UNITS, 0 if held.units else POLL_S, wire.UNIT)
+            unit = self.store.next_unit(0 if held.units else POLL_S)
             if unit is None:
                 if held.units:
                     held = self._push(held)         # the queue has nothing more: the master waits for these
