@@ -11,8 +11,6 @@ import ast
 import pathlib
 import re
 
-import pytest
-
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "pycaffe_dist"
 GENERATED = {"proto/caffe_pb2.py"}
 
@@ -358,6 +356,35 @@ def test_every_key_of_the_store_is_in_its_one_table():
         assert cls.__name__ in store.__doc__ or cls is store.Store
     for path in PACKAGE.glob("distributed/*/keys.py"):
         assert "_control" not in path.read_text() and "_clients" not in path.read_text(), path
+
+
+KINDS = ("data_parallel", "sandblaster", "pipeline")
+
+
+def test_each_kind_of_job_has_its_folder_over_the_shared_lifecycles():
+    """distributed/ holds a folder per kind of job, each with its coordinating side (master.py, a Coordinator), its
+    workers' side (a JobProcess) and its protocol's keys (keys.py); no kind imports another, and the shared modules
+    beside them import no kind (a new kind fits beside them without copying)."""
+    import importlib
+    import inspect
+    from pycaffe_dist.distributed.coordinator import Coordinator
+    from pycaffe_dist.distributed.job_process import JobProcess
+    sides = {"data_parallel": "worker", "sandblaster": "worker", "pipeline": "stage"}
+    for kind in KINDS:
+        folder = PACKAGE / "distributed" / kind
+        assert {"__init__.py", "master.py", "keys.py", sides[kind] + ".py"} <= {p.name for p in folder.glob("*.py")}
+        master = importlib.import_module("pycaffe_dist.distributed.%s.master" % kind)
+        worker = importlib.import_module("pycaffe_dist.distributed.%s.%s" % (kind, sides[kind]))
+        assert [c for c in vars(master).values() if inspect.isclass(c) and issubclass(c, Coordinator)
+                and c is not Coordinator and c.__module__ == master.__name__]
+        assert [c for c in vars(worker).values() if inspect.isclass(c) and issubclass(c, JobProcess)
+                and c is not JobProcess and c.__module__ == worker.__name__]
+    for importer, imported in imports():
+        if not importer.startswith("distributed.") or not imported.startswith("distributed."):
+            continue
+        own, other = importer.split(".")[1], imported.split(".")[1]
+        if other in KINDS:
+            assert own == other, "%s imports %s: the kinds of job stand side by side" % (importer, imported)
 
 
 def test_the_version_has_one_place():

@@ -5,10 +5,12 @@ and shapes. JSON, never pickle. And a job's end, as every kind of master ends it
 A spec read from Redis is checked field by field before anything is built from it (check_spec), and a net in it
 that names a Python layer is refused unless its module is on the process's allow-list (--python-layers): importing
 a module is running its code, and no code comes from Redis."""
+import dataclasses
 import json
 import os
 import secrets
 import time
+from typing import Callable, Optional
 
 from google.protobuf import text_format
 
@@ -88,8 +90,8 @@ def make_spec(param, mode, options, names, shapes, heartbeat_s, workers):
             "heartbeat_s": heartbeat_s, "workers": workers, "cwd": os.getcwd()}
 
 
-SPEC_KINDS = (None, "sandblaster", "pipeline")
-SPEC_FIELDS = {             # field: (check, required); the kinds' own fields are checked where they are read
+SPEC_KINDS = (None, "sandblaster", "pipeline")    # the kinds' names (SpecKind); their fields are their folders'
+SPEC_FIELDS = {             # field: (check, required), of every kind's spec
     "solver": wire.required(wire.text(limit=1 << 62)), "mode": wire.required(wire.text()),
     "options": wire.required(lambda v: v if isinstance(v, dict) else _expected("a JSON object")),
     "blobs": wire.required(wire.list_of(lambda b: _blob(b), limit=1 << 20)),
@@ -99,41 +101,16 @@ SPEC_FIELDS = {             # field: (check, required); the kinds' own fields ar
 }
 
 
-def _names(value):
-    if not isinstance(value, list) or len(value) > 1 << 16 or not all(isinstance(v, str) for v in value):
-        raise ValueError("a list of names")
-    return value
-
-
-def _stage(value):
-    if not isinstance(value, dict):
-        raise ValueError("a list of {range, params} objects")
-    rng = wire.list_of(wire.integer(0, 1 << 20), limit=2)(value.get("range"))
-    if len(rng) != 2 or rng[0] > rng[1]:
-        raise ValueError("a list of {range: [first, last], params} objects")
-    return {"range": rng, "params": wire.list_of(wire.integer(0, 1 << 20))(value.get("params"))}
-
-
-def _cut(value):
-    if not isinstance(value, dict):
-        raise ValueError("a list of {blobs, shapes, needs_diff} objects")
-    blobs = _names(value.get("blobs"))
-    shapes = wire.list_of(wire.list_of(wire.integer(0, 1 << 31), limit=8))(value.get("shapes"))
-    needs = wire.list_of(wire.flag)(value.get("needs_diff"))
-    if not len(blobs) == len(shapes) == len(needs):
-        raise ValueError("a list of {blobs, shapes, needs_diff} objects of one length each")
-    return {"blobs": blobs, "shapes": shapes, "needs_diff": needs}
-
-
-# The fields of the kinds with nets of their own (sandblaster/worker.py, pipeline/stage.py); "net", "feed" and "state"
-# are protobuf texts, parsed (and their Python layers checked) by check_spec.
-KIND_FIELDS = {
-    "sandblaster": {"seed": wire.required(wire.integer(0, (1 << 63) - 1)), "start": wire.required(wire.COUNT)},
-    "pipeline": {"stages": wire.required(wire.list_of(_stage, limit=1 << 10)),
-                 "cuts": wire.required(wire.list_of(_cut, limit=1 << 10)),
-                 "micro_batches": wire.required(wire.integer(1, 1 << 20)), "start": wire.required(wire.COUNT),
-                 "current_step": wire.required(wire.COUNT), "max_iter": wire.required(wire.COUNT)},
-}
+@dataclasses.dataclass(frozen=True)
+class SpecKind:
+    """What a kind of job adds to the spec every kind has, declared in its folder (keys.py): its name in the spec's
+    "kind" (one of SPEC_KINDS; None: data-parallel, whose specs came first), what it is called in a line, its own
+    fields (field: (check, required), as SPEC_FIELDS) and a check of the whole spec (returns it checked; raises
+    ValueError naming what is wrong)."""
+    name: Optional[str]
+    what: str
+    fields: dict = dataclasses.field(default_factory=dict)
+    check: Optional[Callable] = None
 
 
 def _expected(what):
@@ -146,10 +123,12 @@ def _blob(value):
     return {"name": value["name"][:1000], "shape": wire.list_of(wire.integer(0, 1 << 31), limit=8)(value.get("shape"))}
 
 
-def check_spec(spec, where, python_layers=()):
-    """The spec read from key `where`, checked: its version, every common field of its type, a mode this project
-    has with options it takes, a solver text that parses, and no Python layer whose module is not in
-    `python_layers` (the allow-list). DamagedData (one line naming the key and the field) otherwise."""
+def check_spec(spec, where, python_layers=(), kind=None):
+    """The spec read from key `where`, checked: its version, every common field of its type, a known kind, the
+    fields of `kind` (a SpecKind: the kind the reader runs, which the spec must be; None: those every kind has, for
+    a display), a solver text that parses, and no Python layer whose module is not in `python_layers` (the
+    allow-list). DamagedData (one line naming the key and the field) otherwise; a spec of another kind than `kind`,
+    a StoreError saying which it is."""
     if not isinstance(spec, dict) or spec.get("version") != SPEC_VERSION:
         raise DamagedData("%s: not a job spec of this version (version %s, where %d was expected)" % (
             where, wire.shown(spec.get("version") if isinstance(spec, dict) else spec), SPEC_VERSION))
@@ -157,7 +136,9 @@ def check_spec(spec, where, python_layers=()):
     if spec.get("kind") not in SPEC_KINDS:
         raise DamagedData("%s: the job spec's kind is %s, where one of %s was expected"
                           % (where, wire.shown(spec.get("kind")), ", ".join(map(str, SPEC_KINDS))))
-    for field, (check, required) in dict(SPEC_FIELDS, **KIND_FIELDS.get(spec.get("kind"), {})).items():
+    if kind is not None and spec.get("kind") != kind.name:
+        raise WrongKind(where, kind.what, str(spec.get("mode"))[:100])
+    for field, (check, required) in dict(SPEC_FIELDS, **(kind.fields if kind is not None else {})).items():
         if field not in spec:
             if required:
                 raise DamagedData("%s: the job spec has no %r" % (where, field))
@@ -168,14 +149,13 @@ def check_spec(spec, where, python_layers=()):
             raise DamagedData("%s: the job spec's %r is %s, where %s was expected"
                               % (where, field, wire.shown(spec[field]), exc)) from None
     nets = []
-    if spec.get("kind") is not None:
+    if spec.get("kind") is not None:        # the kinds with nets of their own: protobuf texts, parsed here
         checked["state"] = parse_text(spec.get("state"), caffe_pb2.NetState(), where, "state")
         nets = [parse_text(spec.get(field), caffe_pb2.NetParameter(), where, field) for field in ("net", "feed")]
         checked["net"], checked["feed"] = nets
-    if spec.get("kind") is None:
-        from .data_parallel.modes import resolve_options
+    if kind is not None and kind.check is not None:
         try:
-            checked["options"] = resolve_options(checked["mode"], checked["options"])
+            checked = kind.check(checked)
         except Exception as exc:            # a type() of a value of the wrong type, an unknown option or mode
             raise DamagedData("%s: the job spec's mode and options are not this project's: %s" % (where, exc)) \
                 from None
@@ -183,6 +163,15 @@ def check_spec(spec, where, python_layers=()):
     if python_layers is not None:           # (None: a display, which builds nothing)
         check_python_layers(solver_nets(solver) + nets, where, python_layers)
     return checked
+
+
+class WrongKind(StoreError):
+    """A job spec of another kind than the reader runs (a `stage` on a data-parallel job)."""
+
+    def __init__(self, where, what, mode):
+        super().__init__("%s: the job is not %s: it is of mode %s, whose workers this command does not run"
+                         % (where, what, mode))
+        self.what, self.mode = what, mode
 
 
 def solver_of(spec, where):
@@ -235,19 +224,18 @@ def check_python_layers(param_or_nets, where, allowed):
                                  where, layer[:100], module[:100], module[:100] or "MODULE"))
 
 
-def wait_for_spec(store, job, wait_s, kind, what, python_layers=()):
+def wait_for_spec(store, job, wait_s, kind, python_layers=()):
     """The job's spec once its master has published it (waiting up to wait_s), checked (check_spec, with the
-    Python layers' allow-list). Its "kind" (absent for the data-parallel modes, "pipeline", "sandblaster") must be
-    `kind`: a worker of another kind is refused in one line (`what` names the kind expected)."""
+    Python layers' allow-list). It must be of `kind` (a SpecKind): a worker of another kind is refused in one line."""
     deadline = time.monotonic() + wait_s
     while True:
         spec = store.job_spec()
         if spec is not None:
-            spec = check_spec(spec, store.key("job"), python_layers)
-            if spec.get("kind") != kind:
+            try:
+                return check_spec(spec, store.key("job"), python_layers, kind)
+            except WrongKind as exc:
                 raise StoreError("job %s is not %s: it is of mode %s, whose workers this command does not run"
-                                 % (job, what, spec.get("mode")))
-            return spec
+                                 % (job, exc.what, exc.mode)) from None
         if time.monotonic() > deadline:
             raise StoreError("job %s has not been published on %s within %.0f s" % (job, describe(store.urls[0]),
                                                                                       wait_s))

@@ -53,11 +53,10 @@ def find_or_wait_for_job(urls, job, wait_s):
 
 
 class JobProcess:
-    def __init__(self, urls, job, spec_kind, what, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
-                 python_layers=()):
+    def __init__(self, urls, job, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0, python_layers=()):
         self.job = find_or_wait_for_job(urls, job, wait_for_job_s)
         self.store = self.store_class(urls, self.job, retry_s)
-        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, spec_kind, what, python_layers)
+        self.spec = jobs.wait_for_spec(self.store, self.job, wait_for_job_s, self.spec_kind, python_layers)
         self.heartbeat_s = float(self.spec["heartbeat_s"])
         # A master is gone after this long without its heartbeat: the job's heartbeat setting, ten times over (a
         # master busy with a snapshot or a test on one core still beats within it).
@@ -71,6 +70,7 @@ class JobProcess:
 
     name = None                         # the heartbeat's and the control queue's owner
     store_class = Store                 # the job's store, with the keys of this kind's protocol
+    spec_kind = None                    # the kind of job it works in (job.SpecKind, from the kind's keys.py)
 
     def identity(self):
         """The fields that name this process in its messages to the master, e.g. {"worker": "3"}."""

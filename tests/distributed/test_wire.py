@@ -7,8 +7,10 @@ import pytest
 
 from pycaffe_dist.distributed import job as jobs
 from pycaffe_dist.distributed import wire
+from pycaffe_dist.distributed.data_parallel.keys import SPEC as DATA_PARALLEL
 from pycaffe_dist.distributed.launch import without_password
 from pycaffe_dist.distributed.redis_client import describe
+from pycaffe_dist.distributed.sandblaster.keys import SPEC as SANDBLASTER
 from pycaffe_dist.errors import StoreError
 from pycaffe_dist.proto import caffe_pb2
 
@@ -76,8 +78,13 @@ def _spec(**fields):
     return dict(json.loads(json.dumps(spec)), **fields)
 
 
+def _kind(fields):
+    """The SpecKind of the reader that checks a spec: Sandblaster's for a Sandblaster spec, else data-parallel's."""
+    return SANDBLASTER if fields.get("kind") == "sandblaster" else DATA_PARALLEL
+
+
 def test_a_good_spec_passes_with_its_options_resolved():
-    spec = jobs.check_spec(_spec(), "pcd:j:job", ())
+    spec = jobs.check_spec(_spec(), "pcd:j:job", (), DATA_PARALLEL)
     assert spec["options"]["tau"] == 1 and spec["heartbeat_s"] == 5.0 and spec["blobs"][0]["shape"] == [2, 3]
 
 
@@ -95,7 +102,7 @@ def test_a_good_spec_passes_with_its_options_resolved():
 ])
 def test_a_damaged_spec_is_one_line_naming_the_key_and_the_field(fields, expected):
     with pytest.raises(wire.DamagedData) as caught:
-        jobs.check_spec(_spec(**fields), "pcd:j:job", ())
+        jobs.check_spec(_spec(**fields), "pcd:j:job", (), _kind(fields))
     assert str(caught.value).startswith("pcd:j:job: ") and expected in str(caught.value), str(caught.value)
 
 

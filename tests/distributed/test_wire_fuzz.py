@@ -12,6 +12,7 @@ import pytest
 
 from pycaffe_dist.distributed import job as jobs
 from pycaffe_dist.distributed import wire
+from pycaffe_dist.distributed.data_parallel.keys import SPEC as DATA_PARALLEL
 from pycaffe_dist.distributed.data_parallel.master import Master, Settings
 from pycaffe_dist.errors import PycaffeDistError, StoreError
 
@@ -85,7 +86,7 @@ def master(make_solver, redis_server, monkeypatch):
     m.store.put_result("0", [np.zeros(s, np.float32) for s in m.shapes], 0)
     yield m
     m.reader.close()
-    m.publisher.shutdown()
+    m.publisher.close()
     m.store.remove_job()
 
 
@@ -137,7 +138,7 @@ def test_fuzzed_specs_are_checked_or_refused_in_one_line(master, redis_client):
         raw = mutate(spec, rng)
         redis_client.hset(key, "spec", raw)
         try:
-            checked = within(SLOWEST_S, jobs.wait_for_spec, master.store, "fuzz", 0, None, "a data-parallel job")
+            checked = within(SLOWEST_S, jobs.wait_for_spec, master.store, "fuzz", 0, DATA_PARALLEL)
         except StoreError as exc:
             assert "\n" not in str(exc) and key in str(exc) or "is not a data-parallel job" in str(exc), str(exc)
             continue
@@ -155,7 +156,7 @@ def test_kept_spec_regressions_are_refused(path, master, redis_client):
                                                 '"Python" python_param { module: "%s" layer: "L" } }' % module, 1)
     redis_client.hset(master.store.key("job"), "spec", json.dumps(spec))
     with pytest.raises(StoreError, match=master.store.key("job")):
-        jobs.wait_for_spec(master.store, "fuzz", 0, None, "a data-parallel job")
+        jobs.wait_for_spec(master.store, "fuzz", 0, DATA_PARALLEL)
 
 
 def test_fuzzed_blob_framing_is_read_or_refused_as_damaged(master, redis_client):

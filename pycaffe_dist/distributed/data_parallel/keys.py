@@ -1,7 +1,17 @@
-"""The data-parallel protocol's keys on the job's store (store.py lists them with every other key): the workers'
-results, the master's history and the compressed change of W. The words every kind of job shares (the job, W, the
+"""What the data-parallel protocol keeps on the job's store: its keys (store.py lists them with every other key): the
+workers' results, the master's history and the compressed change of W; and its part of the job spec (SPEC): the
+mode and its options, checked against the modes' declarations. The words every kind of job shares (the job, W, the
 inbox, the replies, the heartbeats) are the Store's own."""
+from ..job import SpecKind
 from ..store import Store
+from .modes import resolve_options
+
+
+def _options_resolved(spec):
+    return dict(spec, options=resolve_options(spec["mode"], spec["options"]))
+
+
+SPEC = SpecKind(None, "a data-parallel job", check=_options_resolved)
 
 
 class DataParallelStore(Store):

@@ -34,6 +34,7 @@ it the rate backed off (to 9.8 x in bench/scaling.py's run) and ended at 0.830.
 the solver's rate: Caffe's multi-GPU training and SpeeDO, where N workers' results add up to one process's step.
 Past a net's critical batch (McCandlish et al. 2018) a larger merge no longer buys fewer images: CRITICAL_IMAGES
 says where that lies for LeNet on Fashion-MNIST (bench/scaling.py --images) and a job past it says so once."""
+import logging
 import math
 from collections import deque
 
@@ -42,6 +43,7 @@ import numpy as np
 from ...errors import DivergedError
 from . import results
 
+log = logging.getLogger("pycaffe_dist.solver")
 POLICIES = ("linear", "sqrt", "none")
 WARMUP_SHARE = 0.02         # of the job's merges, per solver's rate the scale climbs (scale())
 
@@ -86,6 +88,48 @@ def scale(policy, work, merges, step_merges):
 def warmup_step(options, max_iter):
     """The merges over which the rate climbs by one solver's rate (lr_warmup of max_iter)."""
     return options.get("lr_warmup", WARMUP_SHARE) * max_iter
+
+
+class RateOfWorkers:
+    """The scale of the solver's rate that a master applies and sends with every reply: the mode's work per merge by
+    the job's policy, ramped up over the warmup and held under the backoff's ceiling; with one line in the log when
+    its target is set or changes by a quarter (workers joined or left), and one warning past the critical batch."""
+
+    def __init__(self, options, max_iter, images_per_iteration):
+        self.policy = options.get("lr_scaling", "none")
+        self.warmup = warmup_step(options, max_iter)
+        self.images_per_iteration = images_per_iteration
+        self.said = None                        # the work per merge the log last described
+        self.critical_said = False              # whether it said that the scaled batch is past the critical one
+
+    def scale(self, work, merges, ceiling, live, say=True):
+        """The scale at merge count `merges` for `work` (Rule.merged_work) with `live` workers; `say`: log a new
+        target (once the job has started)."""
+        if say and (self.said is None or abs(work - self.said) > 0.25 * self.said):
+            self._say(work, live)
+        return min(ceiling, scale(self.policy, work, merges, self.warmup))
+
+    def _say(self, work, live):
+        full = target(self.policy, work)
+        first = self.said is None
+        self.said = work
+        if self.policy == "none":
+            if first:
+                log.info("Learning rate: the solver's (--lr-scaling none): %d workers' merges add up to one "
+                         "process's step", live)
+            return
+        log.info("Learning rate: the solver's x %.3g (%s scaling: a merge is worth %.3g of one process's steps "
+                 "with %d live worker(s))%s", full, self.policy, work, live,
+                 ", reached by one more solver's rate every %.3g merges" % self.warmup
+                 if first and self.warmup > 0 and full > 1 else "")
+        batch = full * self.images_per_iteration
+        if batch > CRITICAL_IMAGES and not self.critical_said:
+            self.critical_said = True
+            log.warning("Learning rate: a step at this rate stands for a batch of %d images, past the %d at which "
+                        "more workers stopped buying fewer images to accuracy for LeNet on Fashion-MNIST "
+                        "(bench/scaling.py --images): expect more images to accuracy than one process takes; "
+                        "--lars 0.02 keeps such a rate stable layer by layer, or use fewer workers",
+                        batch, CRITICAL_IMAGES)
 
 
 class Backoff:

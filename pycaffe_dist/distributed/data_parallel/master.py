@@ -26,7 +26,6 @@ import dataclasses
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy.linalg.blas import saxpy
@@ -46,7 +45,9 @@ from . import results
 from .results import ResultReader
 from ..settings import JsonSettings
 from ..redis_client import describe
-from .keys import DataParallelStore
+from .keys import SPEC, DataParallelStore
+from .membership import Membership
+from .publisher import Publisher
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
@@ -63,17 +64,6 @@ class ResultLost(Exception):
     """A worker's result is not on Redis (a server restarted empty between its write and its notice)."""
 
 
-class Member:
-    def __init__(self, worker, slot, info):
-        self.id, self.slot, self.info = worker, slot, info
-        self.ready = False
-        self.last_round = None
-        self.images = self.rounds = 0
-        self.compute_s = self.wait_s = 0.0
-        self.first_seen = self.last_heard = time.monotonic()
-        self.silent = False                     # said to have gone silent (and not heard from since)
-
-
 @dataclasses.dataclass
 class Settings(JsonSettings):
     """What a master is told: by `dist_caffe master`'s flags, or as JSON by the one-machine launcher. `options`
@@ -88,9 +78,9 @@ class Settings(JsonSettings):
 
 class Master(Coordinator):
     store_class = DataParallelStore
+
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
-        self.log = log
         self.resume, self.keep, self.stats_path = settings.resume, settings.keep, settings.stats_path
         self.join_timeout_s, self.heartbeat_s = settings.join_timeout_s, settings.heartbeat_s
         if settings.resume:
@@ -99,7 +89,7 @@ class Master(Coordinator):
             spec = self.store.job_spec()
             if spec is None:
                 raise StoreError("job %s: nothing to resume on %s" % (self.job, describe(self.store.urls[0])))
-            spec = jobs.check_spec(spec, self.store.key("job"), settings.python_layers)
+            spec = jobs.check_spec(spec, self.store.key("job"), settings.python_layers, SPEC)
             # the job's own master may still live: its lease lapses one heartbeat time after it died
             self.store.claim_master(spec["heartbeat_s"], wait_s=spec["heartbeat_s"] + 1.0)
             param = jobs.solver_of(spec, self.store.key("job"))
@@ -127,30 +117,24 @@ class Master(Coordinator):
         self.names = self.solver.weight_names()
         payloads = compression.format_of(options, self.shapes)         # None: results and W go as float32
         self.reader = ResultReader(self.store, self.shapes, format=payloads)
-        self.publisher = ThreadPoolExecutor(1, thread_name_prefix="publish")
-        self.publish_copy = [np.empty(s, np.float32) for s in self.shapes]
-        self.publishing = None                  # the publish of W and replies in flight
+        self.publisher = Publisher(self.store, self.shapes)
+        self.membership = Membership(self.workers_wanted)
         self.in_use = []                        # the reader's arrays a merge has taken
         self.rule = MODES[mode].MergeRule(self, options)
-        self.warmup_step = lr_scaling.warmup_step(options, param.max_iter)
-        self.scaling_said = None                # the (policy, work per merge) the log last described
-        self.critical_said = False              # whether it said that the scaled batch is past the critical one
+        self.rate = lr_scaling.RateOfWorkers(options, param.max_iter, self.solver.images_per_iteration)
         self.backoff = lr_scaling.Backoff(param.max_iter)
         # the round modes send W's change compressed too (broadcast.py); the others, whose workers pull W at
         # different merges, pull it whole
         self.updates = MasterUpdates(payloads, self.shapes) if payloads and self.rule.broadcasts_updates else None
         self.count = 0
         self.epoch = None                       # the job's epoch on Redis, from its publish (publish_job) on
-        self.members, self.pending, self.replies = {}, {}, []
         self.dirty = True
         self.merged_since_display, self.dropped_count = 0, 0
         self.staleness_sum = self.staleness_count = 0
         self.recent_staleness = None            # the staleness of recent results, averaged (typical_staleness)
         self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
-        self.alone_since = None                 # when the last worker left a started job
         self.stale_results = 0                  # results of an earlier epoch (in flight at a reset), dropped
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
-        self.slots = {}                         # worker -> the data slot it was last given
         self.cpu_at_start = None
         if settings.resume or settings.snapshot:
             self._restore(settings.snapshot)
@@ -184,79 +168,36 @@ class Master(Coordinator):
             self.store.put_history(k, history, self.count)
 
     def _flush(self):
-        """Publish W (with the state, atomically) if it changed, then the queued replies, on the publisher's
-        thread while merging goes on: a copy of W is written (the last publish is waited for first, so they go out
-        in order), and a reply only after the W it speaks of, so a worker that pulls after it sees its merge."""
-        if not self.dirty and not self.replies:
+        """Publish W (with the state, atomically) if it changed, then the queued replies (publisher.py). W is
+        checked first: merges of finite results can still overflow it."""
+        if not self.dirty and not self.publisher.replies:
             return
-        if self.dirty:
-            self._check_weights()
-        self._published()
-        state = update = None
-        if self.dirty:
-            for copy, w in zip(self.publish_copy, self.weights):
-                copy[...] = w
-            state, self.dirty = (self.count, self.solver.position[1]), False
-            if self.updates is not None and self.updates.version == self.count:
-                update = self.updates.payload           # a new array each merge: the publisher may hold it
-        replies, self.replies = self.replies, []
-        self.publishing = self.publisher.submit(self._publish, state, replies, update)
-
-    def _publish(self, state, replies, update=None):
-        if update is not None:
-            self.store.put_update(update, state[0])     # before the replies, as W: a worker pulls after its reply
-        if state is not None:
-            self.store.put_weights(self.publish_copy, *state)
-        self.store.reply_to_each(replies)
-
-    def _published(self):
-        """Until the last publish is done (its error, if it had one, raised here)."""
-        if self.publishing is not None:
-            publishing, self.publishing = self.publishing, None
-            publishing.result()
+        if not self.dirty:
+            self.publisher.publish()
+            return
+        self._check_weights()
+        update = None
+        if self.updates is not None and self.updates.version == self.count:
+            update = self.updates.payload               # a new array each merge: the publisher may hold it
+        self.publisher.publish(self.weights, (self.count, self.solver.position[1]), update)
+        self.dirty = False
 
     # --- the rate, the replies, the results ------------------------------------------------------------------
 
     def rate_scale(self):
-        """What the solver's rate is multiplied by now (lr_scaling.py): the mode's work per merge with the live
-        workers, by the job's policy, ramped up over the warmup."""
-        work = self.rule.merged_work(max(1, len(self.members)))
-        policy = self.options.get("lr_scaling", "none")
-        said = self.scaling_said
-        if self.started and (said is None or said[0] != policy or abs(work - said[1]) > 0.25 * said[1]):
-            self._say_scaling(policy, work)         # set, or changed by a quarter (workers joined or left)
-        return min(self.backoff.ceiling, lr_scaling.scale(policy, work, self.count, self.warmup_step))
-
-    def _say_scaling(self, policy, work):
-        """One line when the rate's target is set or changes (workers joined or left)."""
-        full = lr_scaling.target(policy, work)
-        batch = full * self.solver.images_per_iteration
-        first = self.scaling_said is None
-        self.scaling_said = (policy, work)
-        if policy == "none":
-            if first:
-                log.info("Learning rate: the solver's (--lr-scaling none): %d workers' merges add up to one "
-                         "process's step", len(self.members))
-            return
-        log.info("Learning rate: the solver's x %.3g (%s scaling: a merge is worth %.3g of one process's steps "
-                 "with %d live worker(s))%s", full, policy, work, len(self.members),
-                 ", reached by one more solver's rate every %.3g merges" % self.warmup_step
-                 if first and self.warmup_step > 0 and full > 1 else "")
-        if batch > lr_scaling.CRITICAL_IMAGES and not self.critical_said:
-            self.critical_said = True
-            log.warning("Learning rate: a step at this rate stands for a batch of %d images, past the %d at which "
-                        "more workers stopped buying fewer images to accuracy for LeNet on Fashion-MNIST "
-                        "(bench/scaling.py --images): expect more images to accuracy than one process takes; "
-                        "--lars 0.02 keeps such a rate stable layer by layer, or use fewer workers",
-                        batch, lr_scaling.CRITICAL_IMAGES)
+        """What the solver's rate is multiplied by now (lr_scaling.RateOfWorkers): the mode's work per merge with
+        the live workers, by the job's policy, ramped up over the warmup, under the backoff's ceiling."""
+        live = len(self.membership)
+        return self.rate.scale(self.rule.merged_work(max(1, live)), self.count, self.backoff.ceiling, live,
+                               say=self.started)
 
     def reply(self, worker, status, **fields):
-        member = self.members.get(worker)
-        message = dict(fields, status=status, iter=self.count, epoch=self.epoch, workers=len(self.members),
+        member = self.membership.members.get(worker)
+        message = dict(fields, status=status, iter=self.count, epoch=self.epoch, workers=len(self.membership),
                        lr_scale=self.rate_scale())
         if member is not None and member.last_round is not None:
             message["round"] = member.last_round
-        self.replies.append((worker, message))
+        self.publisher.reply(worker, message)
         self.last_reply[worker] = message
 
     def _answer_again(self, worker, round_id=None):
@@ -264,7 +205,7 @@ class Master(Coordinator):
         as any reply (after the W it speaks of), if it answered that round."""
         message = self.last_reply.get(worker)
         if message is not None and (round_id is None or message.get("round") == round_id):
-            self.replies.append((worker, message))
+            self.publisher.reply(worker, message)
 
     def _take(self, worker):
         """(worker's result, the index of its first blob holding NaN or Inf); (None, None) when it is not on Redis
@@ -336,7 +277,7 @@ class Master(Coordinator):
         last published copy."""
         bad = results.first_non_finite(self.weights)
         if bad is not None:
-            self._published()
+            self.publisher.wait()
             _, written_at = self.store.get_weights(self.shapes, out=self.weights)
             self.count = written_at
             self.dirty = False
@@ -403,7 +344,7 @@ class Master(Coordinator):
     # --- what the rule may read (modes.base.RuleView) ---------------------------------------------------------
 
     def slot(self, worker):
-        return self.members[worker].slot
+        return self.membership.slot(worker)
 
     def history(self):
         return self.solver.history_sets()[0]
@@ -423,14 +364,12 @@ class Master(Coordinator):
     def _reset_live_workers(self):
         """After a restart: the workers still beating get a reset (they pull W and go on) and are members again."""
         known = self.store.members()
-        ids = sorted(known, key=int)
-        for worker, alive in zip(ids, self.store.workers_alive(ids)):
-            if alive:
-                member = Member(worker, int(known[worker].get("slot", 0)), known[worker])
-                member.ready = True
-                self.members[worker] = member
-        if self.members:
-            log.info("Resumed with %d live worker(s): %s", len(self.members), ", ".join(self.members))
+        ids = list(known)
+        alive = {worker for worker, beats in zip(ids, self.store.workers_alive(ids)) if beats}
+        self.membership.restore(known, alive.__contains__)
+        if len(self.membership):
+            log.info("Resumed with %d live worker(s): %s", len(self.membership),
+                     ", ".join(self.membership.sorted_members()))
             self.started = True
             self._reset_members()
             self._flush()
@@ -438,18 +377,17 @@ class Master(Coordinator):
     def _reset_members(self, clear_history=False):
         """Every member starts again from W (a reset: it pulls W and goes on; its result in flight is void), with
         its solver's history cleared where `clear_history` (after a backoff: lr_scaling.Backoff)."""
-        self._carry_out(self.rule.restart(sorted(self.members, key=int), from_weights=clear_history))
-        fields = {"status": "reset", "clear_history": True} if clear_history else {"status": "reset"}
-        self.replies = [(w, dict(m, **fields)) for w, m in self.replies]
+        self._carry_out(self.rule.restart(self.membership.sorted_members(), from_weights=clear_history))
+        self.publisher.restamp({"status": "reset", "clear_history": True} if clear_history else {"status": "reset"})
 
     def _publish_again(self):
         """The job is gone from Redis while it runs (a server restarted empty, or its keys were removed): publish it
         again from memory, W and the members with it, and reset the workers, so that the job goes on by itself."""
         log.warning("Job %s is gone from Redis (a server restarted empty, or its keys were removed): publishing it "
                     "again from memory at merge %d", self.job, self.count)
-        self._published()
+        self.publisher.wait()
         self.epoch = self.store.publish_job(self.spec)
-        for member in list(self.members.values()) + list(self.pending.values()):
+        for member in list(self.membership.members.values()) + list(self.membership.pending.values()):
             self.store.add_member(member.id, member.info)
         if self.rule.keeps_history:
             self._save_history()
@@ -493,8 +431,8 @@ class Master(Coordinator):
             batch = self.store.next_messages(POLL_S, 64, wire.INBOX)
             for message in batch:               # the reads of the batch's results begin at once
                 worker = message["worker"]
-                if message["type"] == "result" and worker in self.members and self.rule.reads_results and \
-                        message["epoch"] == self.epoch:
+                if message["type"] == "result" and message["epoch"] == self.epoch and self.rule.reads_results \
+                        and worker in self.membership.members:
                     self.reader.start(worker)
             for message in batch:
                 self._guarded(self._handle, message)
@@ -521,7 +459,7 @@ class Master(Coordinator):
         if good is None:
             return False
         merges, arrays = good
-        self._published()
+        self.publisher.wait()
         for w, a in zip(self.weights, arrays):
             np.copyto(w, a)
         self.solver.clear_history()             # the master's momentum (gradient-only) or outer momentum (local-sgd)
@@ -549,32 +487,19 @@ class Master(Coordinator):
         if kind == "join":
             self._join(worker, message)
         elif kind == "ready":
-            member = self.pending.pop(worker, None)
-            if member is None:
-                if worker in self.members:
+            if self.membership.make_ready(worker) is None:
+                if worker in self.membership.members:
                     self._answer_again(worker)
                 return
-            member.ready = True
-            self.members[worker] = member
-            self._heard(member)
-            self.alone_since = None
             if self.started:
                 log.info("Worker %s joined the running job", worker)
                 self._carry_out(self.rule.on_join(worker))
-            elif len(self.members) >= self.workers_wanted:
+            elif len(self.membership) >= self.workers_wanted:
                 self._start()
         elif kind == "result":
             self._result(worker, message)
         elif kind == "leave":
             self._left(worker, message)
-
-    def _heard(self, member):
-        """A message with something new from `member` (a re-send is not: a worker that only sends those is stuck,
-        and is named as such)."""
-        member.last_heard = time.monotonic()
-        if member.silent:
-            log.info("Worker %s reports again", member.id)
-            member.silent = False
 
     def _left(self, worker, message):
         """A worker says it stops: with the error that stopped it, if one did. One that found the job's data on
@@ -582,27 +507,19 @@ class Master(Coordinator):
         error = message.get("error")
         if message.get("damaged"):
             raise wire.DamagedData("worker %s found the job's data on Redis damaged: %s" % (worker, error))
-        known = worker in self.members or worker in self.pending
+        known = self.membership.knows(worker)
         self._lost(worker, "left" + (": %s" % error if error else ""))
         if known and error is None:
-            log.info("Worker %s left; going on with %d worker(s)", worker, len(self.members))
+            log.info("Worker %s left; going on with %d worker(s)", worker, len(self.membership))
 
     def _join(self, worker, message):
-        if worker in self.pending and self.last_reply.get(worker, {}).get("status") == "slot":
+        if worker in self.membership.pending and self.last_reply.get(worker, {}).get("status") == "slot":
             self.store.reply_to(worker, self.last_reply[worker])       # its join came again: the same slot
             return
-        if worker in self.members:              # joining again (it saw a restart): it starts afresh
+        if worker in self.membership.members:   # joining again (it saw a restart): it starts afresh
             self._lost(worker, "joined again")
-        taken = {m.slot for m in list(self.members.values()) + list(self.pending.values())}
-        slot = self.slots.get(worker)           # a worker joining again keeps its data shard if it is free
-        if slot is None or slot in taken:
-            slot = next(i for i in range(len(taken) + 1) if i not in taken)
-        self.slots[worker] = slot
-        info = {"host": message.get("host", "?"), "pid": message.get("pid", 0), "slot": slot}
-        if message.get("address"):
-            info["address"] = message["address"]
-        self.pending[worker] = Member(worker, slot, info)
-        self.alone_since = None                 # (a job left without workers has one again)
+        member = self.membership.admit(worker, message)     # (its last data shard again, where that is free)
+        info, slot = member.info, member.slot
         self.store.add_member(worker, info)
         self.last_reply[worker] = {"status": "slot", "slot": slot, "shards": self.workers_wanted, "epoch": self.epoch}
         self.store.reply_to(worker, self.last_reply[worker])
@@ -614,12 +531,12 @@ class Master(Coordinator):
         self.started = True
         self.started_at = self.display_at = time.monotonic()
         self.cpu_at_start = (time.thread_time(), self.store.servers_cpu_s(), self.count)
-        log.info("Starting: %d worker(s), mode %s, %s", len(self.members), self.mode_name,
+        log.info("Starting: %d worker(s), mode %s, %s", len(self.membership), self.mode_name,
                  ", ".join("%s=%s" % kv for kv in sorted(self.options.items())))
         if self.param.test_interval and self.param.test_initialization and self.count == 0:
             self._test()
         self.backoff.keep(self.weights, self.count)
-        self._carry_out(self.rule.start(sorted(self.members, key=int)))
+        self._carry_out(self.rule.start(self.membership.sorted_members()))
 
     def _result(self, worker, message):
         try:
@@ -628,11 +545,11 @@ class Master(Coordinator):
             self.reader.discard(worker)         # a read begun for a result that did not merge
 
     def _merge_result(self, worker, message):
-        member = self.members.get(worker)
+        member = self.membership.members.get(worker)
         if member is None:
             # Counted out (its heartbeat lapsed: stopped, cut off) or unknown: it joins again and starts from W.
-            if worker not in self.pending:
-                if worker not in self.slots:
+            if worker not in self.membership.pending:
+                if worker not in self.membership.slots:
                     self.store.refuse("%s: a result from worker %s, which never joined this master (it is told to "
                                       "join)" % (self.store.key("inbox"), worker))
                 self.store.reply_to(worker, {"status": "rejoin", "reason": "not a member of the job"})
@@ -652,12 +569,10 @@ class Master(Coordinator):
             self.store.refuse("%s: a result from worker %s for round %d, where its last was %d (forged or "
                               "replayed?)" % (self.store.key("inbox"), worker, round_id, member.last_round))
             return
-        self._heard(member)
+        if self.membership.heard(member):
+            log.info("Worker %s reports again", worker)
         member.last_round = round_id
-        member.images += message.get("images", 0)
-        member.rounds += 1
-        member.compute_s += message.get("compute_s", 0.0)
-        member.wait_s += message.get("wait_s", 0.0)
+        member.count_round(message)
         try:
             self._carry_out(self.rule.on_result(self._read(worker, message)))
         except ResultLost:
@@ -668,15 +583,12 @@ class Master(Coordinator):
             self.in_use = []
 
     def _lost(self, worker, why):
-        if self.pending.pop(worker, None) is not None:
-            return
-        if self.members.pop(worker, None) is None:
-            return
+        if not self.membership.remove(worker):
+            return                              # pending or unknown: the rule never heard of it
         if why != "left":
-            log.warning("Worker %s %s; going on with %d worker(s)", worker, why, len(self.members))
+            log.warning("Worker %s %s; going on with %d worker(s)", worker, why, len(self.membership))
         self._carry_out(self.rule.on_lost(worker))
-        if self.started and not self.members and not self.pending and self.alone_since is None:
-            self.alone_since = time.monotonic()
+        if self.membership.left_alone(self.started):
             log.warning("No worker is left: waiting up to %.0f s (--join-timeout) for one to join, then stopping "
                         "with a snapshot", self.join_timeout_s)
 
@@ -690,24 +602,22 @@ class Master(Coordinator):
             # expired meanwhile; the workers get one heartbeat time to beat again before any is counted out.
             self.grace_until = now + self.heartbeat_s
         self.last_housekeeping = now
-        ids = list(self.members) + list(self.pending)
+        ids = self.membership.ids()
         if now > self.grace_until:
             for worker, alive in zip(ids, self.store.workers_alive(ids)):
                 if not alive:
                     self._lost(worker, "has no heartbeat for %g s" % self.heartbeat_s)
-        for member in list(self.members.values()):
-            usual = (member.compute_s + member.wait_s) / member.rounds if member.rounds else 0.0
-            if self.started and not member.silent and now - member.last_heard > max(3 * self.heartbeat_s, 5 * usual):
-                member.silent = True
-                log.warning("Worker %s has sent nothing for %.0f s though its heartbeat lives (stuck, or a message "
-                            "of its own was lost: it sends it again)", member.id, now - member.last_heard)
-        if self.alone_since is not None and now - self.alone_since > self.join_timeout_s:
+        for member in self.membership.gone_silent(now, self.heartbeat_s) if self.started else ():
+            log.warning("Worker %s has sent nothing for %.0f s though its heartbeat lives (stuck, or a message "
+                        "of its own was lost: it sends it again)", member.id, now - member.last_heard)
+        alone_since = self.membership.alone_since
+        if alone_since is not None and now - alone_since > self.join_timeout_s:
             raise StoreError("job %s: no worker is left, and none joined within %.0f s (--join-timeout)"
                              % (self.job, self.join_timeout_s))
         if not self.started and time.monotonic() - self.started_at > self.join_timeout_s:
-            if not self.members:
+            if not len(self.membership):
                 raise StoreError("job %s: no worker joined within %.0f s" % (self.job, self.join_timeout_s))
-            log.warning("Only %d of %d worker(s) after %.0f s; starting with them", len(self.members),
+            log.warning("Only %d of %d worker(s) after %.0f s; starting with them", len(self.membership),
                         self.workers_wanted, self.join_timeout_s)
             self._start()
         self._flush()
@@ -761,16 +671,16 @@ class Master(Coordinator):
         """Stop every worker, and wait up to 10 s for them to go: `why` (a failure) makes each stop with that line
         and a non-zero exit; without it the job is done."""
         try:
-            self._published()                   # the last W out before the job says done
+            self.publisher.wait()               # the last W out before the job says done
         except PycaffeDistError:
             if why is None:
                 raise
-        ids = list(self.members) + list(self.pending)      # a worker's control queue is its id
+        ids = self.membership.ids()             # a worker's control queue is its id
         jobs.stop_processes(self.store, ids, ids, 10.0, why)
 
     def _clean_up(self):
         self.reader.close()
-        self.publisher.shutdown(wait=True)
+        self.publisher.close()
         if self.stats_path:
             with open(self.stats_path, "w") as f:
                 json.dump(self.summary(), f, indent=1)
@@ -781,24 +691,17 @@ class Master(Coordinator):
 
     # --- reporting -----------------------------------------------------------------------------------------------
 
-    def exchange_share(self):
-        compute = sum(m.compute_s for m in self.members.values())
-        wait = sum(m.wait_s for m in self.members.values())
-        return wait / (compute + wait) if compute + wait else 0.0
-
     def rates_text(self):
-        now = time.monotonic()
-        parts = ["%s %.0f img/s" % (m.id, m.images / max(1e-9, now - max(m.first_seen, self.started_at)))
-                 for m in sorted(self.members.values(), key=lambda m: int(m.id))]
-        return "%s; exchange %.1f%% of a round" % (", ".join(parts) or "none", 100 * self.exchange_share())
+        rates = self.membership.rates(self.started_at)
+        parts = ["%s %.0f img/s" % (worker, rates[worker]) for worker in self.membership.sorted_members()]
+        return "%s; exchange %.1f%% of a round" % (", ".join(parts) or "none", 100 * self.membership.exchange_share())
 
     def progress(self):
-        now = time.monotonic()
-        return self.progress_of(self.count, {m.id: m.images / max(1e-9, now - max(m.first_seen, self.started_at))
-                                             for m in self.members.values()}, exchange_share=self.exchange_share())
+        return self.progress_of(self.count, self.membership.rates(self.started_at),
+                                exchange_share=self.membership.exchange_share())
 
     def summary(self):
-        images = sum(m.images for m in self.members.values())
+        images = self.membership.images()
         elapsed = time.monotonic() - self.started_at
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
                     dropped=self.dropped_count, tests=self.test_results,

@@ -32,7 +32,7 @@ from .. import wire
 from .broadcast import WorkerUpdates
 from .compression import Damaged, ErrorFeedback, format_of
 from ..job_process import POLL_S, JobProcess, Stopped
-from .keys import DataParallelStore
+from .keys import SPEC, DataParallelStore
 from .modes import MODES
 from .results import first_non_finite
 from ..redis_client import local_address
@@ -96,11 +96,10 @@ class ExchangeBuffers:
 
 
 class Worker(JobProcess):
-    store_class = DataParallelStore
+    store_class, spec_kind = DataParallelStore, SPEC
     def __init__(self, urls, job=None, threads=1, master_timeout_s=None, retry_s=30.0, wait_for_job_s=60.0,
                  worker_id=None, delay_s=0.0, python_layers=()):
-        super().__init__(urls, job, None, "a data-parallel job", max(0.0, wait_for_job_s), master_timeout_s, retry_s,
-                         python_layers)
+        super().__init__(urls, job, max(0.0, wait_for_job_s), master_timeout_s, retry_s, python_layers)
         self.threads = threads
         self.delay_s = delay_s              # seconds added to every round: a straggler on purpose, for tests
         self.mode = MODES[self.spec["mode"]].RoundRule

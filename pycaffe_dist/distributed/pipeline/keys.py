@@ -1,6 +1,9 @@
-"""The pipeline's keys on the job's store (store.py lists them with every other key): what crosses each cut, each
-stage's state, and the queues between the stages. Stage s is a process named stage{s}: its heartbeat is hb:stage{s}
-and its notices come on go:stage{s}, the Store's per-process words."""
+"""What the pipeline's protocol keeps on the job's store: its keys (store.py lists them with every other key): what
+crosses each cut, each stage's state, and the queues between the stages; and its fields of the job spec (SPEC).
+Stage s is a process named stage{s}: its heartbeat is hb:stage{s} and its notices come on go:stage{s}, the Store's
+per-process words."""
+from .. import wire
+from ..job import SpecKind
 from ..store import Store
 
 
@@ -12,6 +15,41 @@ def flow_queue(stage):
 def control_queue(stage):
     """The queue of the master's messages to stage `stage`."""
     return "stage%d-ctl" % stage
+
+
+def _names(value):
+    if not isinstance(value, list) or len(value) > 1 << 16 or not all(isinstance(v, str) for v in value):
+        raise ValueError("a list of names")
+    return value
+
+
+def _stage(value):
+    if not isinstance(value, dict):
+        raise ValueError("a list of {range, params} objects")
+    rng = wire.list_of(wire.integer(0, 1 << 20), limit=2)(value.get("range"))
+    if len(rng) != 2 or rng[0] > rng[1]:
+        raise ValueError("a list of {range: [first, last], params} objects")
+    return {"range": rng, "params": wire.list_of(wire.integer(0, 1 << 20))(value.get("params"))}
+
+
+def _cut(value):
+    if not isinstance(value, dict):
+        raise ValueError("a list of {blobs, shapes, needs_diff} objects")
+    blobs = _names(value.get("blobs"))
+    shapes = wire.list_of(wire.list_of(wire.integer(0, 1 << 31), limit=8))(value.get("shapes"))
+    needs = wire.list_of(wire.flag)(value.get("needs_diff"))
+    if not len(blobs) == len(shapes) == len(needs):
+        raise ValueError("a list of {blobs, shapes, needs_diff} objects of one length each")
+    return {"blobs": blobs, "shapes": shapes, "needs_diff": needs}
+
+
+# The spec's fields of a pipeline: the stages' layer ranges and parameters, what crosses each cut, the micro-batches
+# and where training starts ("net", "feed" and "state", the stage net's texts, are parsed by job.check_spec).
+SPEC = SpecKind("pipeline", "a pipeline", {
+    "stages": wire.required(wire.list_of(_stage, limit=1 << 10)),
+    "cuts": wire.required(wire.list_of(_cut, limit=1 << 10)),
+    "micro_batches": wire.required(wire.integer(1, 1 << 20)), "start": wire.required(wire.COUNT),
+    "current_step": wire.required(wire.COUNT), "max_iter": wire.required(wire.COUNT)})
 
 
 class PipelineStore(Store):

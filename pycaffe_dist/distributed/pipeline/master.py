@@ -22,8 +22,7 @@ from ...solver import lr_policy
 from ...solver.solver import Solver
 from ...solver.training_log import caffe_number
 from .. import job as jobs
-from .keys import PipelineStore, control_queue, flow_queue
-from .stage import SPEC_KIND
+from .keys import SPEC, PipelineStore, control_queue, flow_queue
 from .. import wire
 from ..coordinator import Coordinator
 from ..settings import JsonSettings
@@ -92,7 +91,7 @@ class PipelineMaster(Coordinator):
         self.spec = dict(
             jobs.make_spec(param, "pipeline", {"stages": self.stage_count, "micro_batches": self.micro}, self.names,
                            self.shapes, settings.heartbeat_s, self.stage_count),
-            kind=SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, self.micro)),
+            kind=SPEC.name, net=text_format.MessageToString(net_cuts.stage_net_param(net, self.micro)),
             feed=text_format.MessageToString(net_cuts.feed_net_param(net)),
             state=text_format.MessageToString(net.state),
             stages=[{"range": list(r), "params": p} for r, p in zip(self.partition.ranges, self.partition.params)],

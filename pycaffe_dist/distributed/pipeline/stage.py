@@ -36,11 +36,10 @@ from ...solver import updates, updates_gpu
 from ..blob_exchange import BlobExchange, host_arrays
 from .. import wire
 from ..job_process import POLL_S, JobProcess
-from .keys import PipelineStore, control_queue, flow_queue
+from .keys import SPEC, PipelineStore, control_queue, flow_queue
 
 log = logging.getLogger("pycaffe_dist.distributed")
 f32 = np.float32
-SPEC_KIND = "pipeline"
 
 
 def state_due(param, count, max_iter):
@@ -51,11 +50,10 @@ def state_due(param, count, max_iter):
 
 
 class Stage(JobProcess):
-    store_class = PipelineStore
+    store_class, spec_kind = PipelineStore, SPEC
     def __init__(self, urls, job, stage, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
                  python_layers=()):
-        super().__init__(urls, job, SPEC_KIND, "a pipeline", wait_for_job_s, master_timeout_s, retry_s,
-                         python_layers)
+        super().__init__(urls, job, wait_for_job_s, master_timeout_s, retry_s, python_layers)
         self.index, self.stages = int(stage), len(self.spec["stages"])
         if not 0 <= self.index < self.stages:
             raise PycaffeDistError("job %s has stages 0 to %d, not %d" % (self.job, self.stages - 1, self.index))

@@ -1,9 +1,15 @@
-"""Sandblaster's keys on the job's store (store.py lists them with every other key): the work units and the workers'
-gradient sums. The point x is the job's W, versioned by the evaluation's number (the Store's put_weights)."""
+"""What Sandblaster's protocol keeps on the job's store: its keys (store.py lists them with every other key): the
+work units and the workers' gradient sums; and its fields of the job spec (SPEC). The point x is the job's W,
+versioned by the evaluation's number (the Store's put_weights)."""
 from .. import wire
+from ..job import SpecKind
 from ..store import Store
 
 UNITS = "units"
+# The spec's fields of a Sandblaster job: the seed every worker draws with, the iteration it starts at ("net",
+# "feed" and "state", the net computed on and its data layers, are parsed by job.check_spec).
+SPEC = SpecKind("sandblaster", "a Sandblaster job", {"seed": wire.required(wire.integer(0, (1 << 63) - 1)),
+                                                     "start": wire.required(wire.COUNT)})
 
 
 class SandblasterStore(Store):

@@ -45,8 +45,7 @@ from ...solver import lbfgs
 from ...solver.solver import Solver
 from ...solver.training_log import caffe_number
 from .. import job as jobs
-from .keys import SandblasterStore
-from .worker import SPEC_KIND
+from .keys import SPEC, SandblasterStore
 from .. import wire
 from ..coordinator import Coordinator
 from ..settings import JsonSettings
@@ -128,7 +127,7 @@ class SandblasterMaster(Coordinator):
                    "unit_batches": settings.unit_batches}
         self.spec = dict(jobs.make_spec(param, "sandblaster", options, self.names, self.shapes, settings.heartbeat_s,
                                         settings.workers),
-                         kind=SPEC_KIND, net=text_format.MessageToString(net_cuts.stage_net_param(net, 1)),
+                         kind=SPEC.name, net=text_format.MessageToString(net_cuts.stage_net_param(net, 1)),
                          feed=text_format.MessageToString(net_cuts.feed_net_param(net)),
                          state=text_format.MessageToString(net.state), start=self.count,
                          seed=param.random_seed if param.random_seed >= 0 else secrets.randbelow(1 << 31))

@@ -41,10 +41,9 @@ from ...net.net import Net
 from ..blob_exchange import BlobExchange
 from .. import wire
 from ..job_process import POLL_S, JobProcess
-from .keys import SandblasterStore
+from .keys import SPEC, SandblasterStore
 
 log = logging.getLogger("pycaffe_dist.distributed")
-SPEC_KIND = "sandblaster"
 # Batch j's random draws start at counter j << 32: 2^32 Philox blocks a batch, more than any layer draws.
 DRAWS_PER_BATCH_SHIFT = 32
 
@@ -64,11 +63,10 @@ class Held:
 
 
 class SandblasterWorker(JobProcess):
-    store_class = SandblasterStore
+    store_class, spec_kind = SandblasterStore, SPEC
     def __init__(self, urls, job=None, threads=1, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0,
                  worker_id=None, delay_s=0.0, python_layers=()):
-        super().__init__(urls, job, SPEC_KIND, "a Sandblaster job", wait_for_job_s, master_timeout_s, retry_s,
-                         python_layers)
+        super().__init__(urls, job, wait_for_job_s, master_timeout_s, retry_s, python_layers)
         self.threads, self.delay_s = threads, delay_s      # delay: seconds after every unit, a straggler on purpose
         self.id = self.name = self.store.claim_worker_id(worker_id)
         self.stats = {"units": 0, "batches": 0, "pushes": 0, "compute_s": 0.0}

@@ -73,7 +73,7 @@ class MergeRule(Rule):
     def __init__(self, view, options):
         super().__init__(view, options)
         self.live = []                          # the workers peers are chosen from
-        self.pending = []                       # the messages of the global iteration under way
+        self.pending = []                       # the results of the global iteration under way
         self.rounds, self.averagings = {}, {}   # worker -> its rounds, and the averagings it reported
         self.unsettled = False                  # whether the workers moved since W was last made their mean
 
