@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from ..errors import DivergedError, PycaffeDistError, StoreError
+from ..io.load import read_solver
 from ..solver.training_log import caffe_number
 from . import job as jobs
 from . import stop_signals
@@ -40,6 +41,18 @@ def failure_text(exc):
 class Coordinator(stop_signals.StopRequests):
     kind = None
     store_class = Store                 # the job's store, with the keys of this kind's protocol
+
+    @staticmethod
+    def _solver_param(settings):
+        """The solver the settings name, its nets inlined (the job's spec carries them), with the --weights and
+        --max-iter given over its own."""
+        param = jobs.inline_nets(read_solver(settings.solver))
+        if settings.weights:
+            param.ClearField("weights")
+            param.weights.append(settings.weights)
+        if settings.max_iter is not None:
+            param.max_iter = settings.max_iter
+        return param
 
     def _open_job(self, settings, param, existing_hint="choose another --job"):
         """The job's id (given, or made from the solver's name), its store, its lease, its tester and what every

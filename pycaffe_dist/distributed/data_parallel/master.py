@@ -1,7 +1,10 @@
 """The master: holds the global weights W, merges the workers' results by the mode's rule, tests and snapshots W.
 
 It publishes the job (store.py lists the keys), writes W to Redis, waits for its workers, then serves its inbox:
-join (answered with a data shard), ready, result (the mode merges or drops it), leave. After each batch of
+join (answered with a data shard), ready, result, leave. Each event goes to the mode's rule (modes/base.py), which
+returns what to do (merge with a scale, drop, reply, hold); the master carries that out, the rule never calling
+back. Its concerns beside it: the workers (membership.py), W and what moves it (weights.py), what goes out and in
+which order (publisher.py), the rate of N workers (lr_scaling.py). After each batch of
 messages it writes W once, in one transaction with its state (merge count), and only then sends the replies, so a
 worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone. Gossip has no central
 W (modes/gossip.py): there W is made the mean of the workers' own weights for each test, snapshot and newcomer.
@@ -28,40 +31,33 @@ import logging
 import time
 
 import numpy as np
-from scipy.linalg.blas import saxpy
 
 from ... import common
 from ...errors import DivergedError, PycaffeDistError, StoreError
-from ...io.load import read_solver
 from ...solver.solver import Solver
-from . import compression, lr_scaling
-from .. import wire
-from .broadcast import MasterUpdates
-from ..coordinator import Coordinator, failure_text
 from .. import job as jobs
-from .modes import MODES, resolve_options
-from .modes.base import Average, Drop, Forget, Merge, Reply, Result
-from . import results
-from .results import ResultReader
-from ..settings import JsonSettings
+from .. import wire
+from ..coordinator import Coordinator, failure_text
 from ..redis_client import describe
+from ..settings import JsonSettings
+from . import compression, lr_scaling
+from .broadcast import MasterUpdates
 from .keys import SPEC, DataParallelStore
 from .membership import Membership
+from .modes import MODES, resolve_options
+from .modes.base import Average, Drop, Forget, Merge, Reply
 from .publisher import Publisher
+from .results import ResultReader
+from .weights import GlobalWeights, ResultLost, Staleness
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
-STALENESS_WEIGHT = 0.02     # of each result in the running average of the staleness
 HISTORY_EVERY = 50          # gradient-only: merges between saves of the master's history to Redis
 # How far a worker's round may run ahead of its last one seen: it sends its rounds in order and waits for each
 # reply, so a round is its last + 1, or + 2 where a reset answered a result the master never got; one further
 # ahead is forged or replayed, and taken it would make the worker's real results look like re-sends.
 ROUNDS_AHEAD = 4
 LAST_WORDS_RETRY_S = 2.0    # retries of what a process says to Redis as it stops after a failure
-
-
-class ResultLost(Exception):
-    """A worker's result is not on Redis (a server restarted empty between its write and its notice)."""
 
 
 @dataclasses.dataclass
@@ -101,12 +97,7 @@ class Master(Coordinator):
         else:
             mode, workers = settings.mode, settings.workers
             options = resolve_options(mode, settings.options)
-            param = jobs.inline_nets(read_solver(settings.solver))
-            if settings.weights:
-                param.ClearField("weights")
-                param.weights.append(settings.weights)
-            if settings.max_iter is not None:
-                param.max_iter = settings.max_iter
+            param = self._solver_param(settings)
             self._open_job(settings, param, "resume it with --resume, or choose another --job")
         self.mode_name = self.kind = mode
         self.options, self.workers_wanted = options, int(workers)
@@ -119,19 +110,17 @@ class Master(Coordinator):
         self.reader = ResultReader(self.store, self.shapes, format=payloads)
         self.publisher = Publisher(self.store, self.shapes)
         self.membership = Membership(self.workers_wanted)
-        self.in_use = []                        # the reader's arrays a merge has taken
         self.rule = MODES[mode].MergeRule(self, options)
         self.rate = lr_scaling.RateOfWorkers(options, param.max_iter, self.solver.images_per_iteration)
         self.backoff = lr_scaling.Backoff(param.max_iter)
         # the round modes send W's change compressed too (broadcast.py); the others, whose workers pull W at
         # different merges, pull it whole
         self.updates = MasterUpdates(payloads, self.shapes) if payloads and self.rule.broadcasts_updates else None
+        self.w = GlobalWeights(self.solver, self.reader, self.store, self.updates)     # W and what moves it
         self.count = 0
         self.epoch = None                       # the job's epoch on Redis, from its publish (publish_job) on
-        self.dirty = True
         self.merged_since_display, self.dropped_count = 0, 0
-        self.staleness_sum = self.staleness_count = 0
-        self.recent_staleness = None            # the staleness of recent results, averaged (typical_staleness)
+        self.staleness = Staleness()            # of the results merged at 1/their staleness
         self.last_housekeeping, self.grace_until = time.monotonic(), 0.0
         self.stale_results = 0                  # results of an earlier epoch (in flight at a reset), dropped
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
@@ -170,9 +159,9 @@ class Master(Coordinator):
     def _flush(self):
         """Publish W (with the state, atomically) if it changed, then the queued replies (publisher.py). W is
         checked first: merges of finite results can still overflow it."""
-        if not self.dirty and not self.publisher.replies:
+        if not self.w.dirty and not self.publisher.replies:
             return
-        if not self.dirty:
+        if not self.w.dirty:
             self.publisher.publish()
             return
         self._check_weights()
@@ -180,7 +169,7 @@ class Master(Coordinator):
         if self.updates is not None and self.updates.version == self.count:
             update = self.updates.payload               # a new array each merge: the publisher may hold it
         self.publisher.publish(self.weights, (self.count, self.solver.position[1]), update)
-        self.dirty = False
+        self.w.dirty = False
 
     # --- the rate, the replies, the results ------------------------------------------------------------------
 
@@ -207,85 +196,16 @@ class Master(Coordinator):
         if message is not None and (round_id is None or message.get("round") == round_id):
             self.publisher.reply(worker, message)
 
-    def _take(self, worker):
-        """(worker's result, the index of its first blob holding NaN or Inf); (None, None) when it is not on Redis
-        or damaged there (of another size or type, a foreign compressed payload): such a result is refused with one
-        line, as a bad message is, and the worker starts again from W."""
-        try:
-            return self.reader.take(worker)
-        except wire.DamagedData as exc:
-            self.store.refuse("worker %s's result is not merged: %s" % (worker, exc))
-            return None, None
-
-    def _read(self, worker, message):
-        """Worker `worker`'s result as its rule sees it (modes.base.Result): its arrays, read ahead or now, where the
-        rule reads results, and its staleness. A result that is not on Redis, or damaged there, is ResultLost."""
-        arrays = bad = None
-        if self.rule.reads_results:
-            arrays, bad = self._take(worker)
-            if arrays is None:
-                raise ResultLost(worker)
-            self.in_use.append(arrays)
-        return Result(worker, message, arrays, self._staleness(message), bad)
-
-    def _average(self, workers):
-        """W = the mean of the workers' last results, those on Redis (gossip: their own weights), read on the
-        reader's threads; one holding NaN or Inf stops the job (DivergedError) with W as it was."""
-        for worker in workers:
-            self.reader.start(worker)
-        read = [(worker,) + self._take(worker) for worker in workers]
-        read = [(worker, arrays, bad) for worker, arrays, bad in read if arrays is not None]
-        try:
-            for worker, _, bad in read:
-                if bad is not None:
-                    raise DivergedError("worker %s's weights hold NaN or Inf in %s" % (worker, self._blob(bad)))
-            if read:
-                for k, w in enumerate(self.weights):
-                    np.copyto(w, read[0][1][k])
-                    for _, arrays, _ in read[1:]:
-                        w += arrays[k]
-                    w *= np.float32(1.0 / len(read))
-                self.dirty = True
-        finally:
-            for _, arrays, _ in read:
-                self.reader.release(arrays)
-
-    def _staleness(self, message):
-        """Merges W took since the weights the result of `message` started from ('base', a merge count), its own
-        merge included: 1 for a result computed on the latest W."""
-        return max(1, self.count - int(message.get("base", self.count)) + 1)
-
-    def _record_staleness(self, stale):
-        """A result merged at 1/its staleness: summed for the summary's mean and averaged for the rate's scale."""
-        self.staleness_sum += stale
-        self.staleness_count += 1
-        # An average of the last ~50 results: it follows the workers as they join, leave or change speed.
-        self.recent_staleness = stale if self.recent_staleness is None else \
-            self.recent_staleness + STALENESS_WEIGHT * (stale - self.recent_staleness)
-
-    def _add(self, arrays, scale):
-        """W += scale * arrays (BLAS's saxpy: one pass, without the GIL)."""
-        for w, a in zip(self.weights, arrays):
-            if scale == 1:
-                w += a
-            else:
-                saxpy(a.reshape(-1), w.reshape(-1), a=scale)
-        self.dirty = True
-
     def _check_weights(self):
         """Merges of finite results can still overflow W: checked before each publish, W then goes back to its
         last published copy."""
-        bad = results.first_non_finite(self.weights)
+        bad = self.w.first_non_finite()
         if bad is not None:
             self.publisher.wait()
             _, written_at = self.store.get_weights(self.shapes, out=self.weights)
             self.count = written_at
-            self.dirty = False
-            raise DivergedError("W overflowed to Inf or NaN in %s" % self._blob(bad))
-
-    def _blob(self, index):
-        layer, _, number = self.names[index].rpartition("/")
-        return "layer %s's blob %s" % (layer, number)
+            self.w.dirty = False
+            raise DivergedError("W overflowed to Inf or NaN in %s" % self.w.blob(bad))
 
     # --- carrying out the rule's decisions ---------------------------------------------------------------------
 
@@ -299,35 +219,23 @@ class Master(Coordinator):
             elif isinstance(action, Drop):
                 self.dropped_count += 1
             elif isinstance(action, Average):
-                self._average(action.workers)
+                self.w.average(action.workers)
             elif isinstance(action, Forget):
                 self.store.remove_result(action.worker)
             else:
                 raise TypeError("a rule returned %r, which is no action" % (action,))
 
     def _merge(self, merge):
-        """One merge: its results checked for NaN and Inf, W moved (between the compressed update's two ends in the
-        round modes), then counted; display, test and snapshot follow when due."""
-        for result in merge.results:
-            if result.non_finite is not None:
-                raise DivergedError("worker %s's result holds NaN or Inf in %s" % (result.worker,
-                                                                                  self._blob(result.non_finite)))
+        """One merge: W moved (weights.py: its results checked for NaN and Inf first), then counted; display, test
+        and snapshot follow when due."""
+        scale = self.rate_scale()
+        self.w.move(merge, self.count, scale)   # a gradient at the rate scaled for N workers, times the rule's
+        if merge.gradients is not None and (self.count + 1) % HISTORY_EVERY == 0:
+            self._save_history()
         if self.rule.scales_by_staleness():
             for result in merge.results:
-                self._record_staleness(result.staleness)
+                self.staleness.record(result.staleness)
         loss = float(np.mean([r.message.get("loss", 0.0) for r in merge.results]))
-        scale = self.rate_scale()
-        if self.updates is not None:            # W before the step is kept: W moves by its compressed change only
-            self.updates.begin(self.weights)
-        for arrays, s in merge.adds:
-            self._add(arrays, s)
-        if merge.gradients is not None:         # at the rate scaled for N workers (lr_scaling.py), times the rule's
-            self.solver.apply_gradients(merge.gradients, self.count, merge.scale * scale)
-            self.dirty = True
-            if (self.count + 1) % HISTORY_EVERY == 0:
-                self._save_history()
-        if self.updates is not None:
-            self.updates.end(self.weights, self.count + 1)
         self.backoff.check_loss(loss, scale)
         self.count += 1
         if scale > 1 and self.backoff.due(self.count):     # copies to back off to, at a scaled rate
@@ -350,7 +258,7 @@ class Master(Coordinator):
         return self.solver.history_sets()[0]
 
     def typical_staleness(self):
-        return self.recent_staleness
+        return self.staleness.recent
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
@@ -391,7 +299,7 @@ class Master(Coordinator):
             self.store.add_member(member.id, member.info)
         if self.rule.keeps_history:
             self._save_history()
-        self.dirty = True
+        self.w.dirty = True
         self.grace_until = time.monotonic() + self.heartbeat_s     # their heartbeat keys went too
         if self.started:
             self._reset_members()
@@ -463,7 +371,7 @@ class Master(Coordinator):
         for w, a in zip(self.weights, arrays):
             np.copyto(w, a)
         self.solver.clear_history()             # the master's momentum (gradient-only) or outer momentum (local-sgd)
-        self.losses, self.dirty = [], True
+        self.losses, self.w.dirty = [], True
         log.warning("Learning rate: training diverged at %.3g x the solver's rate (merge %d: %s); going on at %.3g x "
                     "from the weights of merge %d, every worker starting again from them", scale, self.count, exc,
                     self.backoff.ceiling, merges)
@@ -474,7 +382,7 @@ class Master(Coordinator):
     def _diverged(self, exc):
         """Refuse the merge, keep the last finite W on disk, stop the workers, leave no key; then say it in one
         line (the CLI prints it) and exit non-zero."""
-        self.dirty = False                      # W holds no part of the refused merge (or was read back)
+        self.w.dirty = False                      # W holds no part of the refused merge (or was read back)
         model, _ = self._snapshot(files_only=True)
         self._stop_workers("training diverged")
         self._clean_up()
@@ -574,13 +482,12 @@ class Master(Coordinator):
         member.last_round = round_id
         member.count_round(message)
         try:
-            self._carry_out(self.rule.on_result(self._read(worker, message)))
+            result = self.w.read(worker, message, Staleness.of(message, self.count), self.rule.reads_results)
+            self._carry_out(self.rule.on_result(result))
         except ResultLost:
             self.reply(worker, "reset")         # its blobs went with a Redis restarted empty: it starts from W
         finally:
-            for arrays in self.in_use:
-                self.reader.release(arrays)
-            self.in_use = []
+            self.w.release()
 
     def _lost(self, worker, why):
         if not self.membership.remove(worker):
@@ -706,7 +613,7 @@ class Master(Coordinator):
         return dict(self.progress(), images=images, images_per_s=images / max(1e-9, elapsed),
                     dropped=self.dropped_count, tests=self.test_results,
                     # None where no result was scaled by its staleness (sync, easgd, gossip, local-sgd, --factor)
-                    mean_staleness=self.staleness_sum / self.staleness_count if self.staleness_count else None,
+                    mean_staleness=self.staleness.mean(),
                     **self.reader.sizes(),
                     # what a worker pulls per round: W's compressed change (broadcast.py), or W as float32
                     bytes_per_pull=(self.updates.format.nbytes if self.updates is not None

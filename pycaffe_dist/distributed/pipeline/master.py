@@ -16,7 +16,6 @@ from google.protobuf import text_format
 
 from ... import common
 from ...errors import PycaffeDistError, StoreError
-from ...io.load import read_solver
 from ...net import partition as net_cuts
 from ...solver import lr_policy
 from ...solver.solver import Solver
@@ -62,12 +61,7 @@ class PipelineMaster(Coordinator):
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.settings = settings
-        param = jobs.inline_nets(read_solver(settings.solver))
-        if settings.weights:
-            param.ClearField("weights")
-            param.weights.append(settings.weights)
-        if settings.max_iter is not None:
-            param.max_iter = settings.max_iter
+        param = self._solver_param(settings)
         if param.clip_gradients >= 0:
             raise PycaffeDistError("%s: clip_gradients needs the norm of all the stages' gradients at once: not "
                                    "supported with --pipeline yet" % settings.solver)

@@ -39,7 +39,6 @@ from google.protobuf import text_format
 
 from ... import common
 from ...errors import DivergedError, PycaffeDistError, StoreError
-from ...io.load import read_solver
 from ...net import partition as net_cuts
 from ...solver import lbfgs
 from ...solver.solver import Solver
@@ -94,12 +93,7 @@ class SandblasterMaster(Coordinator):
     def __init__(self, settings):
         common.set_num_threads(settings.threads)
         self.settings = settings.check()
-        param = jobs.inline_nets(read_solver(settings.solver))
-        if settings.weights:
-            param.ClearField("weights")
-            param.weights.append(settings.weights)
-        if settings.max_iter is not None:
-            param.max_iter = settings.max_iter
+        param = self._solver_param(settings)
         if param.weight_decay and param.regularization_type != "L2":
             raise PycaffeDistError("%s: regularization_type %s is not differentiable at 0: L-BFGS needs a smooth "
                                    "objective (use L2, or weight_decay 0)" % (settings.solver,

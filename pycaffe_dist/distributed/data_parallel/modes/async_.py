@@ -2,15 +2,13 @@
 / --factor), and the worker goes on at once. Workers overlap their exchange with their next round (depth 1).
 Its workers' rate is the solver's times the typical staleness (or --factor): a result of typical staleness then
 counts as one step of one process, so N workers' results are worth N steps (lr_scaling.py, Rule.merged_work)."""
-from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Merge, Reply, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Merge, Reply, StalenessAwareRule
 
 OPTIONS = (TAU, FACTOR, OVERLAP, COMPRESS) + SCALING
 RoundRule = DeltaRoundRule       # this mode's worker side
 
 
-class MergeRule(Rule):
-    staleness_aware = True
-    advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
+class MergeRule(StalenessAwareRule):
 
     def on_result(self, result):
         return [Merge([result], adds=[(result.arrays, self.scale(result))]), Reply(result.worker, "merged")]

@@ -233,3 +233,10 @@ class Rule:
 
     # What to change when a merge brings NaN or Inf into W (the master's one line says it).
     advice = "lower the solver's base_lr"
+
+
+class StalenessAwareRule(Rule):
+    """A rule that merges each result at 1/its staleness, or 1/--factor (Rule.scale): async, partial-sync,
+    weed-out, gradient-only."""
+    staleness_aware = True
+    advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"

@@ -22,7 +22,7 @@ acts as. The scaled rate meets that bound and backs off, to 1.3-5 x at 8 and 16 
 0.80 at 16 (0.792, 0.801). Lowering the master's momentum by what the delay adds (Mitliagkas et al. 2016: m' = 1
 - (1 - m) x the scale, the rate raised to keep a steady gradient's step) did not keep it stable either: 0.829 at
 8 and 0.806 at 16. Choose sync, async or local-sgd to make N workers' images count."""
-from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Merge, Reply, Rule
+from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Merge, Reply, StalenessAwareRule
 
 OPTIONS = (FACTOR, OVERLAP, COMPRESS) + SCALING
 
@@ -43,8 +43,7 @@ class RoundRule:
         return version
 
 
-class MergeRule(Rule):
-    staleness_aware = True
+class MergeRule(StalenessAwareRule):
     depth = 0
     keeps_history = True        # the solver's update rule on the master: its momentum or Adam's moments
     advice = "lower the solver's base_lr, or give --factor (the rate / FACTOR) at least the number of workers"

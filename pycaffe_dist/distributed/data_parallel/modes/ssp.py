@@ -5,16 +5,14 @@ is too far ahead waits, and only until the slowest catches up; SpeeDO instead st
 barrier whenever the spread reached s. The reply to round r allows round r + 1 + depth (depth 1 overlaps an
 exchange with the next round; with s = 0 the workers don't overlap, so that the slowest can always go on).
 The learning rate is async's: the solver's times the typical staleness (lr_scaling.py, Rule.merged_work)."""
-from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Merge, Option, Reply, Rule, at_least
+from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Merge, Option, Reply, StalenessAwareRule, at_least
 
 MAX_ADVANCE = Option("max_advance", int, 1, "rounds a worker may run ahead of the slowest", at_least(0))
 OPTIONS = (TAU, MAX_ADVANCE, FACTOR, OVERLAP) + SCALING
 RoundRule = DeltaRoundRule       # this mode's worker side
 
 
-class MergeRule(Rule):
-    staleness_aware = True
-    advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
+class MergeRule(StalenessAwareRule):
 
     def __init__(self, view, options):
         super().__init__(view, options)

@@ -7,7 +7,8 @@ kept, and a worker overtaken by a full round of the others is weeded out; it fol
 the typical staleness of the merged results (lr_scaling.py, Rule.merged_work)."""
 from collections import deque
 
-from .base import FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Drop, Merge, Option, Reply, Rule, at_least
+from .base import (FACTOR, OVERLAP, SCALING, TAU, DeltaRoundRule, Drop, Merge, Option, Reply, StalenessAwareRule,
+                   at_least)
 
 WEEDOUT = Option("weedout", int, 1, "merge a result only if its worker is among the last max(N, live workers) "
                  "to report", at_least(1))
@@ -15,9 +16,7 @@ OPTIONS = (TAU, WEEDOUT, FACTOR, OVERLAP) + SCALING
 RoundRule = DeltaRoundRule       # this mode's worker side
 
 
-class MergeRule(Rule):
-    staleness_aware = True
-    advice = "lower the solver's base_lr, or give --factor (W += delta / FACTOR) at least the number of workers"
+class MergeRule(StalenessAwareRule):
 
     def __init__(self, view, options):
         super().__init__(view, options)
