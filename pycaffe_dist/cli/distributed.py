@@ -27,8 +27,8 @@ def add_mode_flags(parser):
                                help="the opposite of %s" % option.flag)
         else:
             default = "" if option.default in (None, 0) else "; default %s" % option.default
-            default += "".join(" (%s: %s)" % (mode, modes.default_of(mode, option))
-                               for mode in modes.modes_using(option) if modes.default_of(mode, option) != option.default)
+            default += "".join(" (%s: %s)" % (mode, modes.default_of(mode, option)) for mode in
+                               modes.modes_using(option) if modes.default_of(mode, option) != option.default)
             parser.add_argument(option.flag, dest=option.name, type=option.type, default=None,
                                 help="%s (modes: %s%s)" % (option.help, used_by, default))
     parser.add_argument("--heartbeat", type=float, default=5.0, help="seconds without a heartbeat after which a "

@@ -106,7 +106,7 @@ class SpecKind:
     """What a kind of job adds to the spec every kind has, declared in its folder (keys.py): its name in the spec's
     "kind" (one of SPEC_KINDS; None: data-parallel, whose specs came first), what it is called in a line, its own
     fields (field: (check, required), as SPEC_FIELDS) and a check of the whole spec (returns it checked; raises
-    ValueError naming what is wrong)."""
+    ValueError saying which of the spec's parts is wrong, and how)."""
     name: Optional[str]
     what: str
     fields: dict = dataclasses.field(default_factory=dict)
@@ -156,9 +156,8 @@ def check_spec(spec, where, python_layers=(), kind=None):
     if kind is not None and kind.check is not None:
         try:
             checked = kind.check(checked)
-        except Exception as exc:            # a type() of a value of the wrong type, an unknown option or mode
-            raise DamagedData("%s: the job spec's mode and options are not this project's: %s" % (where, exc)) \
-                from None
+        except ValueError as exc:
+            raise DamagedData("%s: the job spec's %s" % (where, exc)) from None
     solver = solver_of(checked, where)
     if python_layers is not None:           # (None: a display, which builds nothing)
         check_python_layers(solver_nets(solver) + nets, where, python_layers)

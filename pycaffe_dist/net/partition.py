@@ -180,9 +180,9 @@ def _best(positions, stages, prefix, last, combine, bound):
 
 def stage_net_param(net, micro_batches):
     """The net every stage builds: the net as built, its layers without bottoms turned into Input layers of the same
-    tops, shaped for one of `micro_batches` micro-batches (stage 0 fills them from feed_net_param's net; elsewhere they only hold
-    blobs). Everything else stays, so that each stage's net has the same layers, blobs and backward decisions as
-    the whole net, and runs its own range of them."""
+    tops, shaped for one of `micro_batches` micro-batches (stage 0 fills them from feed_net_param's net; elsewhere
+    they only hold blobs). Everything else stays, so that each stage's net has the same layers, blobs and backward
+    decisions as the whole net, and runs its own range of them."""
     param = caffe_pb2.NetParameter()
     param.CopyFrom(net.param)
     for layer_id in feed_layers(net):

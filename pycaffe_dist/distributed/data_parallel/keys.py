@@ -8,7 +8,11 @@ from .modes import resolve_options
 
 
 def _options_resolved(spec):
-    return dict(spec, options=resolve_options(spec["mode"], spec["options"]))
+    """The spec with its mode's options checked and completed (modes.resolve_options)."""
+    try:
+        return dict(spec, options=resolve_options(spec["mode"], spec["options"]))
+    except Exception as exc:                # a type() of a value of the wrong type, an unknown option or mode
+        raise ValueError("mode and options are not this project's: %s" % exc) from None
 
 
 SPEC = SpecKind(None, "a data-parallel job", check=_options_resolved)

@@ -4,10 +4,10 @@ It publishes the job (store.py lists the keys), writes W to Redis, waits for its
 join (answered with a data shard), ready, result, leave. Each event goes to the mode's rule (modes/base.py), which
 returns what to do (merge with a scale, drop, reply, hold); the master carries that out, the rule never calling
 back. Its concerns beside it: the workers (membership.py), W and what moves it (weights.py), what goes out and in
-which order (publisher.py), the rate of N workers (lr_scaling.py). After each batch of
-messages it writes W once, in one transaction with its state (merge count), and only then sends the replies, so a
-worker that pulls after a reply sees its own merge. Heartbeats tell it which workers are gone. Gossip has no central
-W (modes/gossip.py): there W is made the mean of the workers' own weights for each test, snapshot and newcomer.
+which order (publisher.py), the rate of N workers (lr_scaling.py). After each batch of messages it writes W once,
+in one transaction with its state (merge count), and only then sends the replies, so a worker that pulls after a
+reply sees its own merge. Heartbeats tell it which workers are gone. Gossip has no central W (modes/gossip.py):
+there W is made the mean of the workers' own weights for each test, snapshot and newcomer.
 
 Units: max_iter, display, test_interval, snapshot and the learning-rate schedule count merges (one per merged
 result; one per round of the live workers in sync, local-sgd and gossip), as SpeeDO counted them. The TEST nets
@@ -226,16 +226,17 @@ class Master(Coordinator):
                 raise TypeError("a rule returned %r, which is no action" % (action,))
 
     def _merge(self, merge):
-        """One merge: W moved (weights.py: its results checked for NaN and Inf first), then counted; display, test
-        and snapshot follow when due."""
+        """One merge: its results checked for NaN and Inf, W moved (weights.py), then counted; display, test and
+        snapshot follow when due."""
+        self.w.refuse_non_finite(merge.results)
+        if self.rule.scales_by_staleness():     # (before the rate's scale, which follows the typical staleness)
+            for result in merge.results:
+                self.staleness.record(result.staleness)
+        loss = float(np.mean([r.message.get("loss", 0.0) for r in merge.results]))
         scale = self.rate_scale()
         self.w.move(merge, self.count, scale)   # a gradient at the rate scaled for N workers, times the rule's
         if merge.gradients is not None and (self.count + 1) % HISTORY_EVERY == 0:
             self._save_history()
-        if self.rule.scales_by_staleness():
-            for result in merge.results:
-                self.staleness.record(result.staleness)
-        loss = float(np.mean([r.message.get("loss", 0.0) for r in merge.results]))
         self.backoff.check_loss(loss, scale)
         self.count += 1
         if scale > 1 and self.backoff.due(self.count):     # copies to back off to, at a scaled rate
@@ -382,7 +383,7 @@ class Master(Coordinator):
     def _diverged(self, exc):
         """Refuse the merge, keep the last finite W on disk, stop the workers, leave no key; then say it in one
         line (the CLI prints it) and exit non-zero."""
-        self.w.dirty = False                      # W holds no part of the refused merge (or was read back)
+        self.w.dirty = False                    # W holds no part of the refused merge (or was read back)
         model, _ = self._snapshot(files_only=True)
         self._stop_workers("training diverged")
         self._clean_up()

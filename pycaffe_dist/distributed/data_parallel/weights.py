@@ -82,15 +82,18 @@ class GlobalWeights:
             self.store.refuse("worker %s's result is not merged: %s" % (worker, exc))
             return None, None
 
-    def move(self, merge, merges, rate_scale):
-        """W moved by a rule's Merge at merge count `merges`: its results checked for NaN and Inf first (the job
-        stops, DivergedError, with W as it was), then its adds, or the solver's update rule from its gradients at
-        the solver's rate times `rate_scale` times the merge's scale; with compressed updates W moves by the
-        compressed change of the whole step only."""
-        for result in merge.results:
+    def refuse_non_finite(self, results):
+        """A merge of results one of which holds NaN or Inf is refused: the job stops (DivergedError) with W as it
+        was."""
+        for result in results:
             if result.non_finite is not None:
                 raise DivergedError("worker %s's result holds NaN or Inf in %s" % (result.worker,
                                                                                   self.blob(result.non_finite)))
+
+    def move(self, merge, merges, rate_scale):
+        """W moved by a rule's Merge at merge count `merges` (its results checked: refuse_non_finite): its adds, or
+        the solver's update rule from its gradients at the solver's rate times `rate_scale` times the merge's
+        scale; with compressed updates W moves by the compressed change of the whole step only."""
         if self.updates is not None:
             self.updates.begin(self.arrays)
         for arrays, scale in merge.adds:
