@@ -292,3 +292,19 @@ def test_local_sgd_with_rate_1_and_no_momentum_is_syncs_merge_bit_for_bit():
         weights.append(master.weights[0])
     np.testing.assert_array_equal(weights[0], weights[1])
     assert not hasattr(master, "velocity")      # no momentum: the outer state is never touched
+
+
+def test_a_round_holding_a_non_finite_result_leaves_the_rules_own_state_alone():
+    """The master refuses a merge that takes a result holding NaN or Inf (weights.refuse_non_finite): local-sgd's
+    outer momentum must not take the round in before it is refused, or the snapshot of the last good state would
+    hold NaN."""
+    master = Recorder()
+    rule = MODES["local-sgd"].MergeRule(master, resolve_options("local-sgd", {"outer_momentum": 0.9}))
+    rule.start(["0", "1"])
+    good, bad = [np.ones(3, np.float32)], [np.full(3, np.nan, np.float32)]
+    assert rule.on_result(base.Result("0", {"worker": "0", "loss": 1.0}, good)) == []
+    actions = rule.on_result(base.Result("1", {"worker": "1", "loss": 1.0}, bad, non_finite=0))
+    merge = actions[0]
+    assert isinstance(merge, base.Merge) and [r.non_finite for r in merge.results] == [None, 0]
+    assert np.isfinite(master.history()[0]).all() and not master.history()[0].any()
+

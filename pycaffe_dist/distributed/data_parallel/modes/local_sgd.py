@@ -76,9 +76,9 @@ class MergeRule(sync.MergeRule):
         # up the rest of N, so that a round of N workers' tau steps is worth N x tau of one process's steps.
         return max(1.0, workers * (1.0 - self.momentum) / self.rate)
 
-    def step(self, total, count):
+    def step(self, total, count, finite=True):
         adds = []
-        if self.momentum:
+        if self.momentum and finite:            # (a round with NaN or Inf is refused: the momentum stays as it was)
             velocity = self.view.history()
             for v, t in zip(velocity, total):
                 v *= np.float32(self.momentum)

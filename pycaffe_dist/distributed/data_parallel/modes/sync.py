@@ -125,7 +125,8 @@ class MergeRule(Rule):
         actions = []
         if self.delivered:
             self.total.drain()
-            actions.append(Merge(self.results, adds=self.step(self.total.sum, len(self.delivered))))
+            finite = all(r.non_finite is None for r in self.results)     # (else the master refuses the merge)
+            actions.append(Merge(self.results, adds=self.step(self.total.sum, len(self.delivered), finite)))
         stragglers, everyone = sorted(self.waiting), self.delivered + self.joining
         self.joining = []
         status = {w: "merged" for w in self.delivered}
@@ -135,7 +136,8 @@ class MergeRule(Rule):
             actions.append(Reply(w, status.get(w, "welcome")))
         return actions
 
-    def step(self, total, count):
+    def step(self, total, count, finite=True):
         """How W moves by the round's `count` results, summed in `total` (the Merge's adds): by their mean
-        (local-sgd: its outer step)."""
+        (local-sgd: its outer step). `finite`: whether every result is finite (a merge of one that is not, the
+        master refuses: a rule's own state must not take it in)."""
         return [(total, 1.0 / count)]
