@@ -214,7 +214,7 @@ def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeo
 def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, slow_workers=None,
                           link=None, gpus=()):
     """`train --workers N --mode sandblaster` on this machine: a private redis-server, the L-BFGS coordinator
-    (sandblaster_master.py; `settings` are its Settings, handed over as JSON on its standard input) and its N workers
+    (sandblaster/master.py; `settings` are its Settings, handed over as JSON on its standard input) and its N workers
     (sandblaster/worker.py), each a process of its own (with `link` and `gpus`, as run_local's; the coordinator stays on
     the CPU); `slow_workers`: {worker index: seconds it sleeps after every unit}. Returns the coordinator's exit
     code, as run_local."""

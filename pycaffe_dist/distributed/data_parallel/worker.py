@@ -29,13 +29,13 @@ from ...errors import PycaffeDistError, StoreError
 from ...solver.solver import Solver
 from .. import job as jobs
 from .. import wire
+from ..job_process import POLL_S, JobProcess, Stopped
+from ..redis_client import local_address
 from .broadcast import WorkerUpdates
 from .compression import Damaged, ErrorFeedback, format_of
-from ..job_process import POLL_S, JobProcess, Stopped
 from .keys import SPEC, DataParallelStore
 from .modes import MODES
 from .results import first_non_finite
-from ..redis_client import local_address
 
 log = logging.getLogger("pycaffe_dist.distributed")
 

@@ -1,5 +1,5 @@
 """The master of a pipeline (`train --pipeline K`): cuts the TRAIN net into K stages (net/partition.py), publishes
-the job, hands each stage its parameters, then follows the stages (pipeline.py): it displays the loss, and when a
+the job, hands each stage its parameters, then follows the stages (stage.py): it displays the loss, and when a
 snapshot or a test is due the stages hand it their parameters and solver history, from which it assembles the
 whole net's weights into its own Solver: Caffe's .caffemodel / .solverstate of the whole net, and the TEST nets
 scored on the tester's thread (tester.py) as for a data-parallel job, while the stages train on.
@@ -21,10 +21,10 @@ from ...solver import lr_policy
 from ...solver.solver import Solver
 from ...solver.training_log import caffe_number
 from .. import job as jobs
-from .keys import SPEC, PipelineStore, control_queue, flow_queue
 from .. import wire
 from ..coordinator import Coordinator
 from ..settings import JsonSettings
+from .keys import SPEC, PipelineStore, control_queue, flow_queue
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2

@@ -1,5 +1,5 @@
 """A pipeline stage: one process that trains a consecutive range of the TRAIN net's layers (net/partition.py cuts
-it; pipeline_master.py publishes the job), DistBelief's model partitions run on GPipe's schedule (Huang et al.
+it; master.py beside it publishes the job), DistBelief's model partitions run on GPipe's schedule (Huang et al.
 2019).
 
 Every stage builds the whole net as the master's Solver does, its data layers turned into Input layers of one
@@ -33,8 +33,8 @@ from ...errors import PycaffeDistError, StoreError
 from ...net.net import Net
 from ...proto import caffe_pb2
 from ...solver import updates, updates_gpu
-from ..blob_exchange import BlobExchange, host_arrays
 from .. import wire
+from ..blob_exchange import BlobExchange, host_arrays
 from ..job_process import POLL_S, JobProcess
 from .keys import SPEC, PipelineStore, control_queue, flow_queue
 

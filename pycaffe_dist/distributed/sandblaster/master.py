@@ -1,6 +1,6 @@
 """The coordinator of Sandblaster L-BFGS (`train --workers N --mode sandblaster`, DistBelief's Sandblaster, Dean et
 al. 2012): L-BFGS (solver/lbfgs.py) over the net's weights x, on the master, every evaluation of the objective at a
-point cut into work units that the workers (sandblaster.py) take as they ask; the master adds their sums up.
+point cut into work units that the workers (worker.py) take as they ask; the master adds their sums up.
 
 The objective. Iteration k minimises the mean loss over a sample of B batches (--sample-batches) of the TRAIN data,
 batches kB to kB + B - 1 of the stream its data layers read, plus the solver's L2 weight decay:
@@ -44,10 +44,10 @@ from ...solver import lbfgs
 from ...solver.solver import Solver
 from ...solver.training_log import caffe_number
 from .. import job as jobs
-from .keys import SPEC, SandblasterStore
 from .. import wire
 from ..coordinator import Coordinator
 from ..settings import JsonSettings
+from .keys import SPEC, SandblasterStore
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2

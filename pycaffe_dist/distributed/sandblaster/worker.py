@@ -38,8 +38,8 @@ import time
 from ... import common
 from ...errors import StoreError
 from ...net.net import Net
-from ..blob_exchange import BlobExchange
 from .. import wire
+from ..blob_exchange import BlobExchange
 from ..job_process import POLL_S, JobProcess
 from .keys import SPEC, SandblasterStore
 
