@@ -14,12 +14,13 @@ from .layers.python_layer import UserLayer as Layer
 from .blob.blob import Blob
 from .net_spec import NetSpec, layers, params, to_proto
 from .proto import caffe_pb2
-from .pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, Net, NesterovSolver, RMSPropSolver,
-                      SGDSolver, get_solver)
+from .pycaffe import (NCCL, TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, Net, NesterovSolver,
+                      RMSPropSolver, SGDSolver, Timer, get_solver, has_nccl, init_log, layer_type_list, log)
 
 __version__ = "0.1.0"
 
-__all__ = ["AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "DataError", "Layer", "ModelFileError", "Net",
-           "NesterovSolver", "NetError", "NetSpec", "PrototxtError", "PycaffeDistError", "RMSPropSolver",
-           "SGDSolver", "SolverError", "StoreError", "TEST", "TRAIN", "UpgradeError", "caffe_pb2", "get_solver",
-           "io", "layers", "params", "set_device", "set_mode_cpu", "set_mode_gpu", "set_random_seed", "to_proto"]
+__all__ = ["AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "DataError", "Layer", "ModelFileError", "NCCL",
+           "Net", "NesterovSolver", "NetError", "NetSpec", "PrototxtError", "PycaffeDistError", "RMSPropSolver",
+           "SGDSolver", "SolverError", "StoreError", "TEST", "TRAIN", "Timer", "UpgradeError", "caffe_pb2",
+           "get_solver", "has_nccl", "init_log", "io", "layer_type_list", "layers", "log", "params", "set_device",
+           "set_mode_cpu", "set_mode_gpu", "set_random_seed", "to_proto"]

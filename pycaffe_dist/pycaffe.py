@@ -1,20 +1,27 @@
 """The pycaffe interface (python/caffe/pycaffe.py and _caffe.cpp): `Net(prototxt, [weights], phase)`, blobs and
 params as ordered dicts, forward/backward with keyword inputs, copy_from/save; `get_solver(path)` and
-SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver. A user's pycaffe script
-runs after `import pycaffe_dist as caffe`.
+SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver; `layer_type_list`, `Timer`,
+`init_log` and `log`, and `has_nccl`/`NCCL` as a Caffe built without NCCL has them. A user's pycaffe script runs
+after `import pycaffe_dist as caffe`.
 """
 import collections
+import logging
 import os
+import sys
+import time
 
 import numpy as np
 
+from . import common
 from .errors import NetError
 from .io.caffemodel import load_weights
 from .io.load import read_net
+from .layers import layer_types
 from .net import net as _net
 from .proto import caffe_pb2
 from .proto.binary import write_binary
 from .solver import solver as _solver
+from .solver import training_log
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
 
@@ -204,3 +211,74 @@ class AdaDeltaSolver(SGDSolver):
 
 class AdamSolver(SGDSolver):
     solver_type = "Adam"
+
+
+# --- the rest of _caffe.cpp's names --------------------------------------------------------------------------------
+
+log_ = logging.getLogger("pycaffe_dist")
+
+
+def layer_type_list():
+    """The layer types this build registers, by Caffe's type string, sorted (Caffe's LayerRegistry lists the keys
+    of its map)."""
+    return layer_types()
+
+
+def has_nccl():
+    """False, as a Caffe built without USE_NCCL answers: this project trains on several GPUs or machines with
+    `dist_caffe train --workers N`, not through NCCL."""
+    return False
+
+
+class NCCL:
+    """Caffe's NCCL binding as a Caffe built without USE_NCCL has it: it is constructed from (solver, uid) and has
+    none of NCCL's methods (new_uid, bcast, ...). A script that checks has_nccl() first runs; one that uses NCCL
+    anyway is told, at its first use, what to do instead."""
+
+    def __init__(self, solver, uid):
+        self.solver, self.uid = solver, uid
+
+    def __getattr__(self, name):
+        raise AttributeError("NCCL.%s: this build has no NCCL (caffe.has_nccl() is False); train on several GPUs "
+                             "with `dist_caffe train --workers N`" % name)
+
+
+class Timer:
+    """Caffe's Timer: start(), stop(), and `ms`, the time from the last start to its stop. Reading `ms` stops a
+    running timer, and reads 0 (with a warning) before any start. In CPU mode Caffe counts whole milliseconds
+    (boost's total_milliseconds), and so does this Timer; in GPU mode, fractions of one."""
+
+    def __init__(self):
+        self.running = self.has_run = False
+        self.started = self.stopped = 0.0
+
+    def start(self):
+        if not self.running:
+            self.started, self.running, self.has_run = time.perf_counter(), True, True
+
+    def stop(self):
+        if self.running:
+            self.stopped, self.running = time.perf_counter(), False
+
+    @property
+    def ms(self):
+        if not self.has_run:
+            log_.warning("Timer has never been run before reading time.")
+            return 0.0
+        self.stop()
+        elapsed = 1e3 * (self.stopped - self.started)
+        return elapsed if common.mode() == "gpu" else float(int(elapsed))
+
+
+def init_log(level=0, stderr=True):
+    """Caffe's InitLogLevelPipe: log lines of glog's `level` (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL) and up, in glog's
+    format, to standard error (where glog's `logtostderr` would send them; this build writes no log files of its
+    own). Called again, it changes the level."""
+    if not any(isinstance(h.formatter, training_log.GlogFormatter) for h in log_.handlers):
+        training_log.attach(log_, stream=sys.stderr)
+    log_.setLevel({0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR}.get(int(level), logging.CRITICAL))
+
+
+def log(message):
+    """Caffe's `log`: one INFO line."""
+    log_.info(message)

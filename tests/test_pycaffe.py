@@ -2,6 +2,7 @@
 dictionaries, copy_from errors and save/load round trips."""
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -116,3 +117,59 @@ def test_share_with_shares_the_other_nets_data_not_its_diffs():
     other = caffe.Net(parse_text(text, caffe.caffe_pb2.NetParameter()), caffe.TEST)
     with pytest.raises(NetError, match=r"cannot share param 0 of layer 'ip1': shape \(500, 800\) vs. \(300, 800\)"):
         other.share_with(trained)
+
+
+def test_layer_type_list_is_the_registry_sorted_as_caffes_map():
+    types = caffe.layer_type_list()
+    assert types == sorted(types) and len(types) == len(set(types))
+    assert {"Convolution", "InnerProduct", "Python", "SoftmaxWithLoss", "Data"} <= set(types)
+    assert types.index("BNLL") < types.index("BatchNorm")      # byte order, as std::map<string> sorts
+
+
+def test_a_build_without_nccl_answers_as_caffes_and_says_what_to_use():
+    assert caffe.has_nccl() is False
+    nccl = caffe.NCCL(None, "uid")                      # constructed, as a Caffe built without USE_NCCL allows
+    with pytest.raises(AttributeError, match=r"NCCL.bcast: this build has no NCCL .*dist_caffe train --workers N"):
+        nccl.bcast()
+    assert not hasattr(caffe.NCCL, "new_uid")           # Caffe's test of new_uid runs only where has_nccl()
+
+
+def test_timer_counts_whole_milliseconds_on_the_cpu_and_reading_stops_it():
+    import logging
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    timer, lines = caffe.Timer(), Lines()
+    logging.getLogger("pycaffe_dist").addHandler(lines)
+    try:
+        assert timer.ms == 0.0
+    finally:
+        logging.getLogger("pycaffe_dist").removeHandler(lines)
+    assert lines.lines == ["Timer has never been run before reading time."]
+    timer.start()
+    time.sleep(0.1)
+    first = timer.ms                                    # stops the timer
+    time.sleep(0.01)
+    assert first == timer.ms and first >= 100 and first == int(first)
+    timer.start()
+    timer.start()                                       # a second start while running changes nothing
+    time.sleep(0.005)
+    timer.stop()
+    assert 5 <= timer.ms < first
+
+
+def test_init_log_and_log_write_glog_lines_to_stderr():
+    script = ("import pycaffe_dist as caffe\n"
+              "caffe.log('not shown before init_log')\n"
+              "caffe.init_log()\ncaffe.log('hello from pycaffe')\n"
+              "caffe.init_log(1)\ncaffe.log('below the level')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("I") and lines[0].endswith("] hello from pycaffe"), lines
