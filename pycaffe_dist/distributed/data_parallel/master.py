@@ -105,11 +105,10 @@ class Master(Coordinator):
         self.solver.trust = options.get("lars")     # gradient-only's update on the master: --lars clips it too
         self.weights = self.solver.weights
         self.shapes = [tuple(w.shape) for w in self.weights]
-        self.names = self.solver.weight_names()
         payloads = compression.format_of(options, self.shapes)         # None: results and W go as float32
         self.reader = ResultReader(self.store, self.shapes, format=payloads)
         self.publisher = Publisher(self.store, self.shapes)
-        self.membership = Membership(self.workers_wanted)
+        self.membership = Membership()
         self.rule = MODES[mode].MergeRule(self, options)
         self.rate = lr_scaling.RateOfWorkers(options, param.max_iter, self.solver.images_per_iteration)
         self.backoff = lr_scaling.Backoff(param.max_iter)
@@ -127,7 +126,7 @@ class Master(Coordinator):
         self.cpu_at_start = None
         if settings.resume or settings.snapshot:
             self._restore(settings.snapshot)
-        self.spec = jobs.make_spec(param, mode, options, self.names, self.shapes, self.heartbeat_s,
+        self.spec = jobs.make_spec(param, mode, options, self.w.names, self.shapes, self.heartbeat_s,
                                    self.workers_wanted)
         self.spec["depth"] = self.rule.depth
         self.spec["updates"] = self.updates is not None

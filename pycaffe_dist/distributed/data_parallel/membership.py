@@ -6,7 +6,6 @@ import time
 class Member:
     def __init__(self, worker, slot, info):
         self.id, self.slot, self.info = worker, slot, info
-        self.ready = False
         self.last_round = None
         self.images = self.rounds = 0
         self.compute_s = self.wait_s = 0.0
@@ -27,8 +26,7 @@ class Member:
 class Membership:
     """`members`: the ready workers (the rule's); `pending`: those that joined and are not ready yet."""
 
-    def __init__(self, shards):
-        self.shards = shards                    # the data shards (the workers the job asked for)
+    def __init__(self):
         self.members, self.pending = {}, {}
         self.slots = {}                         # worker -> the data slot it was last given
         self.alone_since = None                 # when the last worker left a started job
@@ -67,7 +65,6 @@ class Membership:
         """A pending worker is a member now (returned); None when it was not pending."""
         member = self.pending.pop(worker, None)
         if member is not None:
-            member.ready = True
             self.members[worker] = member
             self.heard(member)
             self.alone_since = None
@@ -77,9 +74,7 @@ class Membership:
         """After a restart: the workers of `known` (id -> info, from Redis) that are `alive` are members again."""
         for worker in sorted(known, key=int):
             if alive(worker):
-                member = Member(worker, int(known[worker].get("slot", 0)), known[worker])
-                member.ready = True
-                self.members[worker] = member
+                self.members[worker] = Member(worker, int(known[worker].get("slot", 0)), known[worker])
 
     def remove(self, worker):
         """Forget a worker: True where it was a member (the rule must hear of it), False where it was pending or
