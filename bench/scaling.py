@@ -69,6 +69,20 @@ Images to accuracy (the time-to-accuracy issue): `--images --workers 1,2,4,8,16,
 say nothing) and adds, per mode and --lr-scaling policy, the images trained to --target and their ratio to one
 process's ("x 1-process images") to the table, and a third plot: images to --target against N, where one process's
 is the flat line to hold.
+"allreduce" is `dist_caffe train --workers N --mode allreduce`: an MPI world of N workers averaging their gradients
+over a ring every iteration (64 N images, as sync's round); its exchange % is the part of an iteration spent
+waiting for the ring after the backward (what the buckets' overlap did not hide), and "hub bytes/merge" the most
+bytes one process sent or received per merge (--stats hub_bytes_per_merge; the master-based modes: the master or a
+Redis server, measured from the Store's blob bytes and INFO stats).
+Projection (printed after the targets): images/s against N up to 256 workers over 10 and 25 Gbit/s links, from what
+this run measured (one worker's compute per batch c: the 1-thread process's; the model's bytes M; the sync master's
+CPU per result r, when sync ran) and a model of a round:
+  all-reduce (ring):      t = c + 2 (N - 1) / N x M / B + 2 (N - 1) x L
+  one master (sync):      t = c + N x M / B + N x r
+  K master shards:        t = c + N x M / (K B) + N x r / K          (K = N / 8, at least 1)
+with B the link's bytes per second and L = 50 us a message's latency; images/s = 64 N / t. No overlap of the
+exchange with the backward is counted (a bound from below for all-reduce). The model is checked against the points
+measured here: its t at the measured N with B = infinity (one machine's memory) beside the measured one.
 A smoke run (a minute or two): --batches 200 --every 20 --workers 1,2 --modes async,sync [--target 0.75].
 """
 import argparse
@@ -90,8 +104,8 @@ SOLVER = REPO / "prototxt" / "lenet_solver.prototxt"
 NET = REPO / "prototxt" / "lenet_train_test.prototxt"
 DATA = [REPO / "data" / "fashion-mnist" / f for f in ("train.datumfile", "test.datumfile")]
 MODES = ("sync", "async", "partial-sync", "weed-out", "easgd", "gradient-only", "gossip", "sandblaster", "local-sgd",
-         "pipeline")
-PER_ROUND = ("sync", "gossip", "local-sgd")     # the modes whose merge is a round of all N workers
+         "pipeline", "allreduce")
+PER_ROUND = ("sync", "gossip", "local-sgd", "allreduce")    # the modes whose merge is a round of all N workers
 SANDBLASTER_BATCHES_PER_ITER = 2 * 32     # two evaluations of a sample of --sample-batches 32: see the docstring
 BATCH, TEST_BATCHES, SCALE = 64, 100, 0.00390625        # lenet_train_test: batch 64, transform scale 1/256
 TARGET_N, TARGET_THREADS = 8, 2
@@ -155,8 +169,8 @@ def new_run(args, kind, n, threads, mode=None, compress=None, scaling=None):
 
 def tau_of(mode):
     """The local steps of a round in `mode` with no options (its default)."""
-    from pycaffe_dist.distributed.data_parallel.modes import resolve_options
-    return resolve_options(mode, {}).get("tau", 1)
+    from pycaffe_dist.distributed.data_parallel.modes import MODES as DECLARED, resolve_options
+    return resolve_options(mode, {}).get("tau", 1) if mode in DECLARED else 1
 
 
 def takes_compress(mode):
@@ -350,7 +364,7 @@ def ddp_child(solver_path, init_path, threads, scaling="linear"):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from train_lenet import caffe_sgd_step, param_mults, torch_lenet   # bench/, this script's directory
-    from pycaffe_dist.distributed.data_parallel import lr_scaling
+    from pycaffe_dist.distributed import lr_scaling
     from pycaffe_dist.io.load import read_net, read_solver
     from pycaffe_dist.proto import caffe_pb2
     torch.set_num_threads(threads)
@@ -493,6 +507,61 @@ def round_bytes(run):
     return text
 
 
+def hub_bytes(run):
+    stats = run.get("stats") or {}
+    hub, model = stats.get("hub_bytes_per_merge"), stats.get("model_bytes")
+    if hub is None:
+        return "-"
+    return "%d" % hub + (" (%.2fx model)" % (hub / model) if model else "")
+
+
+LINK_LATENCY_S = 50e-6
+PROJECTED_N = (2, 4, 8, 16, 32, 64, 128, 256)
+LINKS_GBIT = (10, 25)
+
+
+def round_time(kind, n, compute_s, model_bytes, per_result_s, link_bytes_s, shards=1):
+    """A round's seconds in the projection's model (the module's docstring): `kind` "allreduce" or "hub"."""
+    if kind == "allreduce":
+        return compute_s + 2 * (n - 1) / n * model_bytes / link_bytes_s + 2 * (n - 1) * LINK_LATENCY_S
+    return compute_s + n * model_bytes / (shards * link_bytes_s) + n * per_result_s / shards
+
+
+def projection(runs, args):
+    """Images/s against N over 10 and 25 Gbit/s links, from this run's measured costs; and the model's check
+    against the points measured here."""
+    single, _ = references(runs)
+    base = single.get(1)
+    model = next((r["stats"]["model_bytes"] for r in runs if (r.get("stats") or {}).get("model_bytes")), None)
+    if not base or not base.get("images_per_s") or not model:
+        return "Projection: needs the 1-thread process and a run that reports model_bytes (allreduce)."
+    compute = BATCH / base["images_per_s"]
+    syncs = [r for r in runs if r["mode"] == "sync" and (r.get("stats") or {}).get("master_cpu_ms_per_merge")]
+    per_result = syncs[0]["stats"]["master_cpu_ms_per_merge"] / 1e3 / syncs[0]["n"] if syncs else 0.0
+    lines = ["Projection (images/s; c = %.2f ms a batch, M = %.2f MB, r = %.2f ms of the master per result%s):"
+             % (1e3 * compute, model / 1e6, 1e3 * per_result, "" if syncs else " (no sync run: 0)"),
+             "| N | " + " | ".join("%s %d Gbit/s" % (kind, g) for g in LINKS_GBIT
+                                   for kind in ("allreduce", "one master", "N/8 shards")) + " |",
+             "|" + "---|" * (1 + 3 * len(LINKS_GBIT))]
+    for n in PROJECTED_N:
+        cells = []
+        for gbit in LINKS_GBIT:
+            link = gbit * 1e9 / 8
+            for kind, shards in (("allreduce", 1), ("hub", 1), ("hub", max(1, n // 8))):
+                cells.append("%.0f" % (BATCH * n / round_time(kind, n, compute, model, per_result, link, shards)))
+        lines.append("| %d | %s |" % (n, " | ".join(cells)))
+    lines.append("")
+    lines.append("The model against this run's points (B = infinity: one machine; measured / model):")
+    for run in runs:
+        if run["kind"] != "ours" or run["mode"] not in ("allreduce", "sync") or not run.get("images_per_s"):
+            continue
+        kind = "allreduce" if run["mode"] == "allreduce" else "hub"
+        modelled = BATCH * run["n"] / round_time(kind, run["n"], compute, model, per_result, float("inf"))
+        lines.append("- %s: %.0f images/s measured, %.0f modelled (%.2f)" % (run["name"], run["images_per_s"],
+                                                                           modelled, run["images_per_s"] / modelled))
+    return "\n".join(lines)
+
+
 def ratio(run, ref):
     t, base = run["time_to_target_s"], ref and ref["time_to_target_s"]
     return t / base if t is not None and base else None
@@ -512,7 +581,7 @@ def table(runs, args):
     header = ["run", "N", "mode", "images to %.2f" % args.target, "x 1-process images",
               "time to %.2f (s)" % args.target, "x 1-process (1 thread)",
               "x 1-process (N*T threads)", "x DDP (same N)", "final accuracy", "images/s", "speed-up vs 1 thread",
-              "exchange %", "bytes/round"]
+              "exchange %", "bytes/round", "hub bytes/merge"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         t = run["time_to_target_s"]
@@ -530,13 +599,17 @@ def table(runs, args):
                  fmt(ratio(run, base), "%.2f"), fmt(ratio(run, own) if own else None, "%.2f"),
                  fmt(ratio(run, ddp.get(run["n"])) if run["kind"] == "ours" else None, "%.2f"), final,
                  fmt(run["images_per_s"], "%.0f"), fmt(speed, "%.2f"), fmt(percent(run["exchange_share"]), "%.1f"),
-                 round_bytes(run)]
+                 round_bytes(run), hub_bytes(run)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["N: processes (the workers of ours, DDP's ranks); T = --threads %d per worker or rank." % args.threads,
              "bytes/round: what a worker sends the master per round, its result (--stats bytes_per_result; the "
              "fraction of float32's where compressed; \"down\": what it pulls, where W comes down compressed too; "
              "Sandblaster: a worker's sums per evaluation); a pipeline: the activations and their gradients crossing "
-             "its cuts per batch."]
+             "its cuts per batch.",
+             "hub bytes/merge: the most bytes any one process of the job sent per merge (--stats hub_bytes_per_merge, "
+             "and its ratio to the model's bytes): all-reduce's ring sends 2 (N - 1) / N of the model from every "
+             "worker, whatever N is; \"-\" where the job does not count it (the master-based modes, whose master "
+             "receives N results and sends W N times per round of N)."]
     notes += ["FAILED: %s: %s" % (run["name"], run["error"]) for run in runs if run["rc"] != 0]
     if args.link:
         notes.append("--link %s applies to our distributed runs only; the 1-process and DDP references run locally."
@@ -707,7 +780,7 @@ def main():
         raise SystemExit("bench: --compress %s" % bad[0])
     args.compress = [None if c == "none" else c for c in args.compress]
     args.lr_scaling = [p.strip() for p in args.lr_scaling.split(",") if p.strip()]
-    from pycaffe_dist.distributed.data_parallel.lr_scaling import check_policy
+    from pycaffe_dist.distributed.lr_scaling import check_policy
     bad = [problem for problem in map(check_policy, args.lr_scaling) if problem]
     if bad:
         raise SystemExit("bench: --lr-scaling %s" % bad[0])
@@ -742,6 +815,8 @@ def main():
     print()
     print("Targets (the issue; N = %d workers x %d threads):" % (TARGET_N, TARGET_THREADS))
     print(verdict(runs, args))
+    print()
+    print(projection(runs, args))
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, args, plot_path)
     keep = ("name", "kind", "n", "mode", "compress", "threads", "images_per_iter", "max_iter", "every", "rc", "error",

@@ -265,7 +265,11 @@ def test_the_naming_rule_can_fail():
 # What solver/solver.py offers the distributed side (its section "what the distributed modes use").
 SOLVER_API = {"weights", "weight_names", "weight_shapes", "set_weights", "read_weights", "images_per_iteration",
               "step_from", "compute_gradients", "apply_gradients", "test_at", "snapshot_at", "restore", "history_sets",
-              "set_position", "position", "train_net", "clear_history", "trust"}
+              "set_position", "position", "train_net", "clear_history", "trust",
+              # the all-reduce workers run Caffe's own loop, as Caffe's multi-GPU training does: step() with the
+              # callbacks NCCL hooks (on_start, on_gradients), the iteration, the rate's scale, the last loss
+              "step", "add_callback", "iteration_hooks", "set_action_function", "iter", "param", "net", "rate_scale",
+              "smoothed_loss", "history", "current_step"}
 
 
 def solver_uses(source, label):
@@ -284,8 +288,8 @@ def test_the_distributed_side_uses_only_the_solvers_api():
     found = [f for name, path in MODULES.items() if name.startswith("distributed")
              for f in solver_uses(path.read_text(), name)]
     assert not found, "the distributed side reaches into the Solver:\n" + "\n".join(found)
-    assert solver_uses("def f(solver):\n    solver.iter = 3\n    return solver.weights\n", "probe") == \
-        ["probe:2 solver.iter"]
+    assert solver_uses("def f(solver):\n    solver.test_nets = 3\n    return solver.weights\n", "probe") == \
+        ["probe:2 solver.test_nets"]
 
 
 # What may name the folder beside the checkout: the GPU check unpacks the device kit from it, where there is one.
@@ -342,17 +346,19 @@ def test_every_key_of_the_store_is_in_its_one_table():
     the Store and of each protocol's namespace (a Store subclass in keys.py of its kind's folder) is named there,
     and no namespace speaks to Redis but through the Store's blobs and queues."""
     from pycaffe_dist.distributed import store
+    from pycaffe_dist.distributed.allreduce.keys import AllreduceStore
     from pycaffe_dist.distributed.data_parallel.keys import DataParallelStore
     from pycaffe_dist.distributed.pipeline.keys import PipelineStore
     from pycaffe_dist.distributed.sandblaster.keys import SandblasterStore
-    namespaces = (DataParallelStore, SandblasterStore, PipelineStore)
+    namespaces = (DataParallelStore, SandblasterStore, PipelineStore, AllreduceStore)
     assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("distributed/*/keys.py")) == [
-        "distributed/data_parallel/keys.py", "distributed/pipeline/keys.py", "distributed/sandblaster/keys.py"]
+        "distributed/allreduce/keys.py", "distributed/data_parallel/keys.py", "distributed/pipeline/keys.py",
+        "distributed/sandblaster/keys.py"]
     rows = store.__doc__.split("  key  ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     # the methods column: each row's last part after a run of spaces (the rows without one end in what they hold)
     table = {word for row in rows if row.strip() for word in re.findall(r"[a-z_]+", re.split(r"\s{2,}", row)[-1])}
     assert {"publish_job", "put_activations", "hand_out"} <= table and not {"hash", "spec", "blobs"} & table
-    not_keys = {"key", "refuse", "servers_cpu_s"}         # a key's name for messages, the refusals, INFO cpu
+    not_keys = {"key", "refuse", "servers_cpu_s", "servers_net_bytes"}    # a key's name, the refusals, INFO
     for cls in (store.Store,) + namespaces:
         assert cls is store.Store or cls.__bases__ == (store.Store,), cls
         methods = {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")} - not_keys
@@ -362,7 +368,7 @@ def test_every_key_of_the_store_is_in_its_one_table():
         assert "_control" not in path.read_text() and "_clients" not in path.read_text(), path
 
 
-KINDS = ("data_parallel", "sandblaster", "pipeline")
+KINDS = ("data_parallel", "sandblaster", "pipeline", "allreduce")
 
 
 def test_each_kind_of_job_has_its_folder_over_the_shared_lifecycles():
@@ -373,7 +379,7 @@ def test_each_kind_of_job_has_its_folder_over_the_shared_lifecycles():
     import inspect
     from pycaffe_dist.distributed.coordinator import Coordinator
     from pycaffe_dist.distributed.job_process import JobProcess
-    sides = {"data_parallel": "worker", "sandblaster": "worker", "pipeline": "stage"}
+    sides = {"data_parallel": "worker", "sandblaster": "worker", "pipeline": "stage", "allreduce": "worker"}
     for kind in KINDS:
         folder = PACKAGE / "distributed" / kind
         assert {"__init__.py", "master.py", "keys.py", sides[kind] + ".py"} <= {p.name for p in folder.glob("*.py")}

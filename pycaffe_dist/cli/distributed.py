@@ -63,9 +63,10 @@ def add_train_flags(parser):
     """What `train` takes to train on workers."""
     parser.add_argument("--workers", type=int, help="train on N worker processes that meet at a Redis parameter "
                         "store (a private redis-server unless --redis is given)")
-    # sandblaster: L-BFGS with a master loop of its own (cli/sandblaster.py), not a mode of master.py
-    parser.add_argument("--mode", choices=list(modes.MODES) + ["sandblaster"], help="distributed mode (default "
-                        "async)")
+    # sandblaster: L-BFGS with a master loop of its own (cli/sandblaster.py); allreduce: no master on the data path
+    # (cli/allreduce.py); neither is a mode of master.py
+    parser.add_argument("--mode", choices=list(modes.MODES) + ["sandblaster", "allreduce"], help="distributed mode "
+                        "(default async)")
     parser.add_argument("--redis", help="Redis URL(s) to use instead of a private server (comma-separated: blobs "
                         "are sharded over them)")
     parser.add_argument("--redis-servers", type=int, help="private redis-servers to shard the weights over "
@@ -211,9 +212,13 @@ def choose_process_gpu(gpu_flag):
 
 
 def cmd_worker(args):
-    """A worker of a distributed job: everything it needs comes from Redis, but the data paths."""
+    """A worker of a distributed job: everything it needs comes from Redis, but the data paths. On an all-reduce
+    job, one rank of its MPI world (cli/allreduce.py)."""
     from ..distributed.data_parallel.worker import Worker
+    from ..distributed.job_process import job_kind
     from ..solver import training_log
+    if job_kind(args.redis, args.job, args.wait) == "allreduce":
+        return run_allreduce_worker(args)
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     # The master reports the job's training (and a divergence, once): the workers' own solvers stay quiet.
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
@@ -226,6 +231,28 @@ def cmd_worker(args):
         stats["pulls_by_update"], stats["whole_pulls"]) if "pulls_by_update" in stats else ""
     print("worker %s: %d rounds, %d images%s" % (worker.id, stats["rounds"], stats["images"], by_update),
           file=sys.stderr)
+    return 0
+
+
+def run_allreduce_worker(args):
+    """`dist_caffe worker` on an all-reduce job: one rank of the MPI world (mpiexec, srun)."""
+    from ..distributed.allreduce.worker import AllreduceWorker, mpi_world
+    from ..solver import training_log
+    gpus = select.parse_gpus(args.gpu)
+    if gpus:
+        # a list: worker r takes gpus[r % len(gpus)] (one world across a machine's GPUs, from one command line)
+        choose_process_gpu(str(gpus[mpi_world().Get_rank() % len(gpus)]))
+    worker = AllreduceWorker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
+                             wait_for_job_s=args.wait, retry_s=args.redis_retry,
+                             python_layers=modules_flag(args.python_layers))
+    # worker 0 says Caffe's lines for the job (its solver's display, its keeper's tests); the others stay quiet
+    training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
+    logging.getLogger("pycaffe_dist.solver").setLevel(logging.INFO if worker.rank == 0 else logging.ERROR)
+    if worker.rank == 0:
+        training_log.attach(logging.getLogger("pycaffe_dist.solver"))
+    stats = worker.run()
+    print("worker %d: %d iterations, %d images; the ring took %.1f s, %.1f s of it not hidden behind the backward" % (
+        worker.rank, stats["iterations"], stats["images"], stats["exchange_s"], stats["wait_s"]), file=sys.stderr)
     return 0
 
 
@@ -269,7 +296,8 @@ def add_verbs(verbs):
                    "(default 60)")
     p.add_argument("--id", type=int, help="this worker's id (default: the next free one)")
     add_python_layers_flag(p)
-    p.add_argument("--gpu", help="compute on this GPU id (default: the CPU)")
+    p.add_argument("--gpu", help="compute on this GPU id (default: the CPU; on an all-reduce job, a list: worker r "
+                   "takes the (r mod n)-th)")
     p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every round: a straggler "
                    "on purpose, for trying out backup workers and weed-out (default 0)")
     add_patience_flags(p)

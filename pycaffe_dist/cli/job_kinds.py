@@ -1,8 +1,8 @@
-"""Which kind of job `train` runs, chosen in one place from declarations: Sandblaster (--mode sandblaster), a
-pipeline (--pipeline K), data-parallel workers (--workers N, a mode, --redis; several GPUs too) or one process
-(Caffe's `caffe train`). Each kind says what chooses it and the checks of the flags given against it, in order: a
-flag it cannot take, or one it needs, is one line before anything starts. The kinds are tried in the order below;
-the first chosen runs its own verb."""
+"""Which kind of job `train` runs, chosen in one place from declarations: all-reduce (--mode allreduce), Sandblaster
+(--mode sandblaster), a pipeline (--pipeline K), data-parallel workers (--workers N, a mode, --redis; several GPUs
+too) or one process (Caffe's `caffe train`). Each kind says what chooses it and the checks of the flags given
+against it, in order: a flag it cannot take, or one it needs, is one line before anything starts. The kinds are
+tried in the order below; the first chosen runs its own verb."""
 import dataclasses
 from typing import Callable, Tuple
 
@@ -67,6 +67,21 @@ def _run_sandblaster(args):
     return cmd_train_sandblaster(args)
 
 
+def _run_allreduce(args):
+    from .allreduce import cmd_train_allreduce
+    return cmd_train_allreduce(args)
+
+
+def _allreduce_flags(args):
+    from . import allreduce
+    return allreduce.flags_given(args)
+
+
+def _allreduce_refuses(args):
+    from . import allreduce
+    return allreduce.options_not_taken(args)
+
+
 def _run_pipeline(args):
     from .pipeline import cmd_train_pipeline
     return cmd_train_pipeline(args)
@@ -88,8 +103,25 @@ SANDBLASTER_ONLY = Check(_sandblaster_flags, lambda found: "%s: option%s of --mo
     ", ".join(found), "s" if len(found) > 1 else ""))
 ON_THIS_MACHINE = "%s is not supported with {} (its {} run on this machine, at a private redis-server)"
 
+ALLREDUCE_ONLY = Check(_allreduce_flags, lambda found: "%s: option%s of --mode allreduce" % (
+    ", ".join(found), "s" if len(found) > 1 else ""))
+
 KINDS = (
+    Kind("all-reduce workers", lambda args: args.mode == "allreduce", (
+        SANDBLASTER_ONLY,
+        Check(lambda args: [] if args.workers is not None else ["--workers"],
+              "--mode allreduce trains on workers: give --workers N"),
+        Check(lambda args: [] if args.workers is None or args.workers >= 1 else ["--workers"],
+              "--workers must be at least 1"),
+        Check(_allreduce_refuses, "%s: not options of mode allreduce (it takes --lr-scaling, --lr-warmup, --lars)"),
+        Check(lambda args: _given(args, ("pipeline", "micro_batches", "redis", "redis_servers", "slow_worker")),
+              ON_THIS_MACHINE.format("--mode allreduce", "workers"), each=True),
+        Check(lambda args: _given(args, ("link",)),
+              "%s: not yet supported with --mode allreduce (its MPI world runs on this machine's own network)",
+              each=True),
+    ), _run_allreduce),
     Kind("Sandblaster", lambda args: args.mode == "sandblaster", (
+        ALLREDUCE_ONLY,
         Check(lambda args: [] if args.workers is not None else ["--workers"],
               "--mode sandblaster trains on workers: give --workers N"),
         Check(_mode_options, _sandblaster_takes),
@@ -97,7 +129,7 @@ KINDS = (
               ON_THIS_MACHINE.format("--mode sandblaster", "workers"), each=True),
     ), _run_sandblaster),
     Kind("a pipeline", lambda args: args.pipeline is not None or args.micro_batches is not None, (
-        SANDBLASTER_ONLY,
+        SANDBLASTER_ONLY, ALLREDUCE_ONLY,
         Check(lambda args: [] if args.pipeline is not None else ["--pipeline"],
               "--micro-batches cuts the batches of a pipeline: give --pipeline K"),
         Check(lambda args: _given(args, ("workers", "mode")) + _mode_options(args),
@@ -107,14 +139,14 @@ KINDS = (
               ON_THIS_MACHINE.format("--pipeline", "stages"), each=True),
     ), _run_pipeline),
     Kind("data-parallel workers", lambda args: _given(args, ("workers", "mode", "redis")) != [], (
-        SANDBLASTER_ONLY,
+        SANDBLASTER_ONLY, ALLREDUCE_ONLY,
         Check(lambda args: _given(args, ("link",)) if args.workers is None else [],
               "--link emulates the workers' network links: give --workers N"),
         Check(lambda args: [] if args.workers is not None else ["--workers"],
               "--mode and --redis train on workers: give --workers N"),
     ), _run_workers, prepare=_several_gpus_are_workers),
     Kind("one process", lambda args: True, (
-        SANDBLASTER_ONLY,
+        SANDBLASTER_ONLY, ALLREDUCE_ONLY,
         Check(lambda args: _given(args, ("link",)), "--link emulates the workers' network links: give --workers N"),
         Check(_mode_options, "%s: options of the distributed modes: give --workers N"),
     ), None),

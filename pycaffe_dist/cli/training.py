@@ -7,7 +7,7 @@ import signal
 
 from ..backend import select
 from ..errors import PycaffeDistError
-from . import arguments, distributed, job_kinds, sandblaster
+from . import allreduce, arguments, distributed, job_kinds, sandblaster
 
 SIGNAL_EFFECTS = ("stop", "snapshot", "none")
 
@@ -192,6 +192,7 @@ def add_verbs(verbs):
                    "Several GPUs train synchronously, one worker each; with --workers, workers take them in turn")
     distributed.add_train_flags(p)
     sandblaster.add_train_flags(p)
+    allreduce.add_train_flags(p)
     p.set_defaults(func=cmd_train)
 
     p = verbs.add_parser("test", help="score a trained net on its TEST phase (caffe test)")

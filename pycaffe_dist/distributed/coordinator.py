@@ -54,9 +54,9 @@ class Coordinator(stop_signals.StopRequests):
             param.max_iter = settings.max_iter
         return param
 
-    def _open_job(self, settings, param, existing_hint="choose another --job"):
-        """The job's id (given, or made from the solver's name), its store, its lease, its tester and what every
-        coordinator keeps; a job of that id already on Redis is refused."""
+    def _open_job(self, settings, param, existing_hint="choose another --job", tests=True):
+        """The job's id (given, or made from the solver's name), its store, its lease, its tester (`tests`: where the
+        coordinator tests) and what every coordinator keeps; a job of that id already on Redis is refused."""
         self.param = param
         self.job = settings.job or jobs.new_job_id(os.path.splitext(os.path.basename(settings.solver))[0])
         self.store = self.store_class(settings.redis, self.job, settings.retry_s)
@@ -65,12 +65,13 @@ class Coordinator(stop_signals.StopRequests):
             self.store.release_master()
             raise StoreError("job %s already exists on %s (%s)" % (self.job, describe(self.store.urls[0]),
                                                                    existing_hint))
-        self._keep_records(param)
+        self._keep_records(param, tests)
 
-    def _keep_records(self, param):
-        """The tester, the test results, the snapshots, the losses and the clocks of a coordinator."""
+    def _keep_records(self, param, tests=True):
+        """The tester (unless not `tests`), the test results, the snapshots, the losses and the clocks of a
+        coordinator."""
         self.param = param
-        self.tester = Tester(param, self._scored) if param.test_interval or param.test_iter else None
+        self.tester = Tester(param, self._scored) if tests and (param.test_interval or param.test_iter) else None
         self.test_results, self.snapshots, self.losses = [], [], []
         self.started = False
         self.started_at = self.display_at = time.monotonic()

@@ -84,13 +84,24 @@ def worker_solver(solver_text, slot):
     return p
 
 
+def check_shapes(job, shapes, spec):
+    """A worker's learnable blobs against the job's (its spec's): the shapes, or a StoreError saying both."""
+    expected = [tuple(b["shape"]) for b in spec["blobs"]]
+    if list(shapes) != expected:
+        raise StoreError("job %s: this worker's net has learnable blobs %s but the job's are %s"
+                         % (job, list(shapes), expected))
+    return list(shapes)
+
+
 def make_spec(param, mode, options, names, shapes, heartbeat_s, workers):
     return {"version": SPEC_VERSION, "solver": text_format.MessageToString(param), "mode": mode,
             "options": options, "blobs": [{"name": n, "shape": list(s)} for n, s in zip(names, shapes)],
             "heartbeat_s": heartbeat_s, "workers": workers, "cwd": os.getcwd()}
 
 
-SPEC_KINDS = (None, "sandblaster", "pipeline")    # the kinds' names (SpecKind); their fields are their folders'
+SPEC_KINDS = (None, "sandblaster", "pipeline", "allreduce")   # the kinds' names (SpecKind); their fields are their
+                                                                # folders'
+NET_KINDS = ("sandblaster", "pipeline")     # the kinds whose spec carries nets of their own (net, feed, state)
 SPEC_FIELDS = {             # field: (check, required), of every kind's spec
     "solver": wire.required(wire.text(limit=1 << 62)), "mode": wire.required(wire.text()),
     "options": wire.required(lambda v: v if isinstance(v, dict) else _expected("a JSON object")),
@@ -149,7 +160,7 @@ def check_spec(spec, where, python_layers=(), kind=None):
             raise DamagedData("%s: the job spec's %r is %s, where %s was expected"
                               % (where, field, wire.shown(spec[field]), exc)) from None
     nets = []
-    if spec.get("kind") is not None:        # the kinds with nets of their own: protobuf texts, parsed here
+    if spec.get("kind") in NET_KINDS:       # protobuf texts, parsed here
         checked["state"] = parse_text(spec.get("state"), caffe_pb2.NetState(), where, "state")
         nets = [parse_text(spec.get(field), caffe_pb2.NetParameter(), where, field) for field in ("net", "feed")]
         checked["net"], checked["feed"] = nets

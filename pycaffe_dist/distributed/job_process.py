@@ -52,6 +52,19 @@ def find_or_wait_for_job(urls, job, wait_s):
             time.sleep(0.5)
 
 
+def job_kind(urls, job, wait_s):
+    """The kind of the job named (or the only one), once its spec is published (None: data-parallel, or no spec
+    yet within wait_s: the process's own wait then says so)."""
+    job = find_or_wait_for_job(urls, job, wait_s)
+    deadline = time.monotonic() + wait_s
+    store = Store(urls, job)
+    while True:
+        spec = store.job_spec()
+        if spec is not None or time.monotonic() > deadline:
+            return spec.get("kind") if isinstance(spec, dict) else None
+        time.sleep(0.2)
+
+
 class JobProcess:
     def __init__(self, urls, job, wait_for_job_s=60.0, master_timeout_s=None, retry_s=30.0, python_layers=()):
         self.job = find_or_wait_for_job(urls, job, wait_for_job_s)

@@ -228,6 +228,17 @@ def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_ti
                    stop_timeout_s, link=link)
 
 
+def run_allreduce_local(settings, progress=None, sink=None, stop_timeout_s=60.0):
+    """`train --workers N --mode allreduce` on this machine: a private redis-server (the job's spec, checkpoint and
+    messages: no gradient passes it) and the coordinator (allreduce/master.py; `settings`, its Settings, as JSON on
+    its standard input), which starts the workers' MPI world itself; returns the coordinator's exit code, as
+    run_local."""
+    if settings.solver:
+        settings = dataclasses.replace(settings, python_layers=trusted_modules(settings.solver))
+    return _launch(settings, "allreduce-master", 0, None, "allreduce", settings.worker_threads, progress, sink,
+                   stop_timeout_s)
+
+
 def without_password(urls):
     """(the comma-separated `urls` without their password, that password), when they all give the same one (or
     none); (urls, None) otherwise, and when none gives one."""

@@ -42,6 +42,9 @@ here, with its methods:
   x:stage{s}-state:{n}    stage s's parameters and solver history                 put_state, get_state
   go:stage{s}         list: notices to stage s (forward, backward, halt)          notify
   go:stage{s}-ctl     list: the master's messages to stage s (ack, halt, stop)    to_stage
+  -- all-reduce (AllreduceStore, allreduce/keys.py) --
+  ckpt:{s}            the checkpoint: weights and solver history of one           put_checkpoint, checkpoint
+                      iteration, one blob set, with the position (state)
 
 Values are never pickled. JSON control messages are size-checked before parsing, then checked field by field
 against their queue's schema (wire.py): one that fails is dropped with a warning and counted (`refused`). Blob
@@ -56,6 +59,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -105,6 +109,9 @@ class Store:
         self._pool = ThreadPoolExecutor(len(self.urls) - 1) if len(self.urls) > 1 else None
         self._links = [BlobLink(u) for u in self.urls]
         self.refused = 0                        # messages dropped by a check (wire.py)
+        # the blob bytes this process has sent and received, all servers together (the job's hub figure)
+        self.blob_bytes = {"sent": 0, "received": 0}
+        self._counting = threading.Lock()
         self._lease = None                      # this process's master lease (claim_master)
         # Renew a lease only if it is ours, and take it back if it lapsed: one round trip, atomic on the server.
         self._renew_lease = self._control.register_script(
@@ -195,6 +202,15 @@ class Store:
             return None if raw is None else self._parse(raw, self.key("stats"))
         except BadMessage:
             return None                         # a display has nothing to show, the job goes on
+
+    def servers_net_bytes(self):
+        """(bytes received, bytes sent) of each server since it started (INFO stats), for the job's hub figure."""
+        info = [self._call(client.info, "stats", url=url) for url, client in zip(self.urls, self._clients)]
+        return [(int(i.get("total_net_input_bytes", 0)), int(i.get("total_net_output_bytes", 0))) for i in info]
+
+    def _count(self, way, nbytes):
+        with self._counting:
+            self.blob_bytes[way] += nbytes
 
     def servers_cpu_s(self):
         """CPU seconds each server has used since it started (INFO cpu), for the master's account of the exchange."""
@@ -488,6 +504,8 @@ class Store:
                      np.uint64(version).astype("<u8").tobytes()]
             value += [memoryview(flat[i][start:stop]).cast("B") for i, start, stop, _ in pieces] + [b"\r\n"]
 
+            self._count("sent", 4 * count)
+
             def send(conn):
                 if server == 0 and state is not None:
                     fields = [x for k, v in state.items() for x in (k, v)]
@@ -526,6 +544,7 @@ class Store:
                 length = self._call(self._links[server].call, fetch, url=self.urls[server], key=key)
             except TooLong as exc:
                 length = exc.length
+            self._count("received", length)
             if length == 0:
                 if missing_ok:
                     return None

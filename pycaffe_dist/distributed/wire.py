@@ -198,6 +198,18 @@ PIPELINE_INBOX = Schema("a pipeline master's inbox", "type", {
     "state": {"stage": required(STAGE), "count": required(COUNT), "final": optional(flag), "again": optional(flag)},
 })
 
+# pcd:{job}:inbox of an all-reduce job (allreduce/master.py): what its workers (allreduce/worker.py) send; a worker
+# is named by its rank in the MPI world
+ALLREDUCE_INBOX = Schema("an all-reduce coordinator's inbox", "type", {
+    "ready": dict(WHO, worker=required(worker_id), world=required(integer(1, 1 << 20)), start=optional(COUNT)),
+    "leave": dict(LEAVING, worker=required(worker_id)),
+    "error": {"worker": required(worker_id), "error": optional(text(ERROR_LIMIT))},
+    "done": {"worker": required(worker_id), "count": required(COUNT), "stopped": optional(flag),
+             "identical": optional(flag)},
+    "diverged": {"worker": required(worker_id), "count": required(COUNT), "why": optional(text(ERROR_LIMIT)),
+                 "snapshot": optional(text(4096))},
+})
+
 # pcd:{job}:stage{s}: the notices one stage sends the next (pipeline/stage.py)
 NOTICE = {"count": required(COUNT), "batch": required(COUNT), "micro": required(COUNT)}
 FLOW = Schema("a pipeline stage's queue", "kind", {

@@ -138,6 +138,9 @@ class Net:
         self.fusions = gpu_fusion.find(self)      # {first layer id: the layers from it the GPU may run as one}
         self._fusion_members = {i: f for f in self.fusions.values() for i in f.members()}
         self._gradient_arena = None     # the learnable params' device diffs in one array, made at the first clear
+        # f(layer_id) once the backward is past a layer (from the last layer down to 0): an all-reduce starts on the
+        # gradients that are final while the backward goes on (distributed/allreduce/buckets.py)
+        self.backward_hooks = []
         self._last_writer = {}      # {blob id: the last layer with it as a top}
         for layer_id, tops in enumerate(self.top_ids):
             for blob_id in tops:
@@ -373,6 +376,9 @@ class Net:
         while layer_id >= end:
             fused = self._fused_backward(layer_id, end) if gpu else 0
             if fused:
+                for hook in self.backward_hooks:
+                    for done in range(layer_id, layer_id - fused, -1):
+                        hook(done)
                 layer_id -= fused
                 continue
             if self.layer_need_backward[layer_id]:
@@ -384,6 +390,8 @@ class Net:
                     layer.backward(top, self.bottom_need_backward[layer_id], bottom)
                 if self.debug_info:
                     debug_log.backward(self, layer_id)
+            for hook in self.backward_hooks:
+                hook(layer_id)
             layer_id -= 1
 
     def _fused_backward(self, layer_id, end):

@@ -509,7 +509,7 @@ class Solver:
     def step_from(self, iteration, iters, rate_scale=1.0):
         """Run `iters` iterations from the weights as they are, as the iterations that follow `iteration` updates,
         at the lr policy's rate times `rate_scale` (a distributed worker's scaled rate:
-        distributed/data_parallel/lr_scaling.py); returns the smoothed loss."""
+        distributed/lr_scaling.py); returns the smoothed loss."""
         self.iter = iteration
         self.current_step = lr_policy.steps_taken(self.param, iteration)
         self.rate_scale = rate_scale

@@ -40,7 +40,8 @@ from .. import wire
 from ..coordinator import Coordinator, failure_text
 from ..redis_client import describe
 from ..settings import JsonSettings
-from . import compression, lr_scaling
+from . import compression
+from .. import lr_scaling
 from .broadcast import MasterUpdates
 from .keys import SPEC, DataParallelStore
 from .membership import Membership
@@ -124,6 +125,7 @@ class Master(Coordinator):
         self.stale_results = 0                  # results of an earlier epoch (in flight at a reset), dropped
         self.last_reply = {}                    # worker -> the last reply sent to it (to answer a message again)
         self.cpu_at_start = None
+        self.bytes_at_start = None      # (the master's blob bytes, each server's (in, out)) as the job started
         if settings.resume or settings.snapshot:
             self._restore(settings.snapshot)
         self.spec = jobs.make_spec(param, mode, options, self.w.names, self.shapes, self.heartbeat_s,
@@ -439,6 +441,7 @@ class Master(Coordinator):
         self.started = True
         self.started_at = self.display_at = time.monotonic()
         self.cpu_at_start = (time.thread_time(), self.store.servers_cpu_s(), self.count)
+        self.bytes_at_start = (dict(self.store.blob_bytes), self.store.servers_net_bytes())
         log.info("Starting: %d worker(s), mode %s, %s", len(self.membership), self.mode_name,
                  ", ".join("%s=%s" % kv for kv in sorted(self.options.items())))
         if self.param.test_interval and self.param.test_initialization and self.count == 0:
@@ -621,7 +624,25 @@ class Master(Coordinator):
                     lr_scaling=self.options.get("lr_scaling", "none"), lr_scale=self.rate_scale(),
                     lr_backoffs=self.backoff.count, refused_messages=self.store.refused,
                     stale_results=self.stale_results,
-                    **self.cpu_per_merge(), **self.rule.summary())
+                    **self.cpu_per_merge(), **self.hub_per_merge(), **self.rule.summary())
+
+    def hub_per_merge(self):
+        """What a hub costs: the most bytes one process moved per merge, one way (received or sent), among this
+        master and each Redis server (every result and every W a worker pulls passes a server; with --redis-servers
+        each holds a slice); a worker moves one result and one W a round, less than either. With the model's bytes
+        (float32), to compare with all-reduce's ring."""
+        if self.bytes_at_start is None or self.cpu_at_start is None or self.count <= self.cpu_at_start[2]:
+            return {}
+        mine, servers = self.bytes_at_start
+        merges = self.count - self.cpu_at_start[2]
+        try:
+            now = self.store.servers_net_bytes()
+        except StoreError:
+            return {}
+        moved = [self.store.blob_bytes[way] - mine[way] for way in ("sent", "received")]
+        moved += [after - before for (a, b), (c, d) in zip(now, servers) for after, before in ((a, c), (b, d))]
+        return {"hub_bytes_per_merge": max(moved) / merges,
+                "model_bytes": self.reader.sizes()["float32_bytes_per_result"]}
 
     def cpu_per_merge(self):
         """Where the exchange's time goes: the CPU of the master's merging thread (the tester's apart) and of each

@@ -182,11 +182,7 @@ class Worker(JobProcess):
         common.set_data_shard(slot % shards, shards)
         solver = Solver(jobs.worker_solver(self.spec["solver"], slot))
         solver.trust = self.spec["options"].get("lars")       # a layer-wise clip of the scaled rate (--lars)
-        shapes = solver.weight_shapes
-        expected = [tuple(b["shape"]) for b in self.spec["blobs"]]
-        if shapes != expected:
-            raise StoreError("job %s: this worker's net has learnable blobs %s but the job's are %s"
-                             % (self.job, shapes, expected))
+        jobs.check_shapes(self.job, solver.weight_shapes, self.spec)
         return solver
 
     # --- the rounds ----------------------------------------------------------------------------------------------

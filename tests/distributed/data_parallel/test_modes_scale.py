@@ -1,7 +1,7 @@
 """Time to accuracy that falls with N, as a new user runs it: Caffe's LeNet solver on Fashion-MNIST with no mode
 options at all, real processes (`dist_caffe train --workers N`), on whatever cores there are (2 in CI: the workers
 take turns, which makes results staler than on N cores). The learning rate of N workers follows the linear scaling
-rule with a warmup (distributed/data_parallel/lr_scaling.py):
+rule with a warmup (distributed/lr_scaling.py):
 N workers' images count, so a job needs about one process's images
 to reach an accuracy, not N times as many. Images to accuracy do not depend on the cores."""
 import json

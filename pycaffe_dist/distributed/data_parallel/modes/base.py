@@ -28,7 +28,8 @@ Each mode module says:
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
-from .. import compression, lr_scaling
+from .. import compression
+from ... import lr_scaling
 
 
 @dataclass(frozen=True)

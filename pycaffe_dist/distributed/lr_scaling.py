@@ -40,8 +40,7 @@ from collections import deque
 
 import numpy as np
 
-from ...errors import DivergedError
-from . import results
+from ..errors import DivergedError
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLICIES = ("linear", "sqrt", "none")
@@ -88,6 +87,13 @@ def scale(policy, work, merges, step_merges):
 def warmup_step(options, max_iter):
     """The merges over which the rate climbs by one solver's rate (lr_warmup of max_iter)."""
     return options.get("lr_warmup", WARMUP_SHARE) * max_iter
+
+
+def all_finite(arrays):
+    """Whether no array holds NaN or Inf (a float32 sum is one fast pass, finite unless an element is not, or it
+    overflows: then the elements are looked at)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return all(np.isfinite(np.sum(a)) or np.isfinite(a).all() for a in arrays)
 
 
 class RateOfWorkers:
@@ -177,7 +183,7 @@ class Backoff:
 
     def keep(self, weights, merges):
         """A copy of W at `merges`, if W is finite."""
-        if results.first_non_finite(weights) is not None:
+        if not all_finite(weights):
             return
         if self.copies and self.copies[-1][0] == merges:
             self.copies.pop()

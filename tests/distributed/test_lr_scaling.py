@@ -1,4 +1,4 @@
-"""The learning rate of N workers (distributed/data_parallel/lr_scaling.py):
+"""The learning rate of N workers (distributed/lr_scaling.py):
 the linear scaling rule's arithmetic, its warmup,
 the backoff that keeps a scaled rate from ending a job in NaN, and, on real processes, that `--lr-scaling none`
 merges exactly what the solver's own rate merges (today's merges: checked against the same rounds computed here,
@@ -15,14 +15,14 @@ from scipy.linalg.blas import saxpy
 
 from pycaffe_dist import common
 from pycaffe_dist.distributed import job as jobs
-from pycaffe_dist.distributed.data_parallel import lr_scaling
+from pycaffe_dist.distributed import lr_scaling
 from pycaffe_dist.distributed.data_parallel.modes import MODES, resolve_options
 from pycaffe_dist.errors import DivergedError, PycaffeDistError
 from pycaffe_dist.io.caffemodel import load_weights
 from pycaffe_dist.io.load import read_solver
 from pycaffe_dist.solver.solver import Solver
 
-from ..conftest import wait_for_merges
+from .conftest import wait_for_merges
 
 
 def test_the_target_is_the_work_a_merge_takes_by_the_policy():
