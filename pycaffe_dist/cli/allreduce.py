@@ -6,7 +6,7 @@ import logging
 import sys
 
 from ..backend import select
-from .distributed import mode_options, run_launched_job
+from .distributed import checked_link, mode_options, run_launched_job
 
 OPTIONS = ("lr_scaling", "lr_warmup", "lars")      # the mode options it takes (lr_scaling.py's, and LARS)
 
@@ -38,8 +38,9 @@ def cmd_train_allreduce(args):
                         gpus=select.parse_gpus(args.gpu),
                         **({"bucket_mb": args.bucket_mb} if args.bucket_mb is not None else {}))
     settings.check()                        # a bad value: one line, before any process starts
+    link = checked_link(args)
     return run_launched_job(
-        lambda progress, sink: launch.run_allreduce_local(settings, progress=progress, sink=sink),
+        lambda progress, sink: launch.run_allreduce_local(settings, progress=progress, sink=sink, link=link),
         "the coordinator and the workers", "the all-reduce coordinator")
 
 

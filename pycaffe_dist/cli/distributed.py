@@ -1,6 +1,7 @@
 """The verbs of distributed training: `train --workers N` on one machine (a private redis-server, a master and N
 workers, distributed/launch.py), and `master`, `worker`, `status` for many machines. The mode options' flags are
 built from the modes' own declarations (distributed/modes: Option), so an option is declared once."""
+import argparse
 import logging
 import signal
 import sys
@@ -86,9 +87,20 @@ def add_train_flags(parser):
     add_mode_flags(parser)
 
 
+def ring_place(text):
+    """'RANK/SIZE/WORLD' -> (rank, size, world number): an all-reduce worker's place in a world on sockets (what its
+    coordinator starts it with behind an emulated link)."""
+    try:
+        rank, size, world = (int(part) for part in text.split("/"))
+        if 0 <= rank < size and world >= 0:
+            return rank, size, world
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError("expected RANK/SIZE/WORLD, got %r" % text)
+
+
 def slow_worker(text):
     """'ID:SECONDS' -> (id, seconds), for --slow-worker."""
-    import argparse
     worker, sep, seconds = text.partition(":")
     try:
         if sep and int(worker) >= 0 and float(seconds) >= 0:
@@ -241,10 +253,11 @@ def run_allreduce_worker(args):
     gpus = select.parse_gpus(args.gpu)
     if gpus:
         # a list: worker r takes gpus[r % len(gpus)] (one world across a machine's GPUs, from one command line)
-        choose_process_gpu(str(gpus[mpi_world().Get_rank() % len(gpus)]))
+        rank = args.ring[0] if args.ring is not None else mpi_world().Get_rank()
+        choose_process_gpu(str(gpus[rank % len(gpus)]))
     worker = AllreduceWorker(args.redis, args.job, threads=args.threads or 1, master_timeout_s=args.master_timeout,
                              wait_for_job_s=args.wait, retry_s=args.redis_retry,
-                             python_layers=modules_flag(args.python_layers))
+                             python_layers=modules_flag(args.python_layers), ring=args.ring)
     # worker 0 says Caffe's lines for the job (its solver's display, its keeper's tests); the others stay quiet
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.INFO if worker.rank == 0 else logging.ERROR)
@@ -301,6 +314,7 @@ def add_verbs(verbs):
     p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every round: a straggler "
                    "on purpose, for trying out backup workers and weed-out (default 0)")
     add_patience_flags(p)
+    p.add_argument("--ring", type=ring_place, help=argparse.SUPPRESS)     # RANK/SIZE/WORLD: a world on sockets
     p.set_defaults(func=cmd_worker)
 
     p = verbs.add_parser("status", help="a distributed job's workers, rates, iteration, last test and snapshots")

@@ -116,9 +116,6 @@ KINDS = (
         Check(_allreduce_refuses, "%s: not options of mode allreduce (it takes --lr-scaling, --lr-warmup, --lars)"),
         Check(lambda args: _given(args, ("pipeline", "micro_batches", "redis", "redis_servers", "slow_worker")),
               ON_THIS_MACHINE.format("--mode allreduce", "workers"), each=True),
-        Check(lambda args: _given(args, ("link",)),
-              "%s: not yet supported with --mode allreduce (its MPI world runs on this machine's own network)",
-              each=True),
     ), _run_allreduce),
     Kind("Sandblaster", lambda args: args.mode == "sandblaster", (
         ALLREDUCE_ONLY,

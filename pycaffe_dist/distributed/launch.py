@@ -228,15 +228,15 @@ def run_sandblaster_local(settings, threads=1, progress=None, sink=None, stop_ti
                    stop_timeout_s, link=link)
 
 
-def run_allreduce_local(settings, progress=None, sink=None, stop_timeout_s=60.0):
+def run_allreduce_local(settings, progress=None, sink=None, stop_timeout_s=60.0, link=None):
     """`train --workers N --mode allreduce` on this machine: a private redis-server (the job's spec, checkpoint and
     messages: no gradient passes it) and the coordinator (allreduce/master.py; `settings`, its Settings, as JSON on
-    its standard input), which starts the workers' MPI world itself; returns the coordinator's exit code, as
-    run_local."""
+    its standard input), which starts the workers' world itself (MPI's; with `link`, N processes behind N emulated
+    links, handed to it as settings.namespaces); returns the coordinator's exit code, as run_local."""
     if settings.solver:
         settings = dataclasses.replace(settings, python_layers=trusted_modules(settings.solver))
     return _launch(settings, "allreduce-master", 0, None, "allreduce", settings.worker_threads, progress, sink,
-                   stop_timeout_s)
+                   stop_timeout_s, link=link, link_hosts=settings.workers)
 
 
 def without_password(urls):
@@ -260,10 +260,12 @@ def _allowing(host_argv, modules):
 
 
 def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress, sink, stop_timeout_s,
-            private_redis=True, link=None, redis_servers=1):
-    """What the three kinds of job share: links (if any), private servers, the master (`master_verb`, its settings
-    as JSON on its standard input) and `hosts` processes, `host_argv(i, redis_url, job)` -> (name, argv after
-    `python -m pycaffe_dist`), supervised to the end and cleaned up whatever happens; the master's exit code."""
+            private_redis=True, link=None, redis_servers=1, link_hosts=None):
+    """What the kinds of job share: links (if any), private servers, the master (`master_verb`, its settings as
+    JSON on its standard input) and `hosts` processes, `host_argv(i, redis_url, job)` -> (name, argv after
+    `python -m pycaffe_dist`), supervised to the end and cleaned up whatever happens; the master's exit code.
+    `link_hosts`: links for processes the master starts itself (all-reduce's workers), their command prefixes
+    handed to it as settings.namespaces."""
     sink = sink or print_line
     if link is not None:
         link = network.parse_link(link)
@@ -281,7 +283,9 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
         on_term = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         # the links first: they are what most likely cannot be made here, and nothing is running yet
-        links = network.EmulatedLinks(hosts, link) if link is not None else None
+        links = network.EmulatedLinks(link_hosts or hosts, link) if link is not None else None
+        if links is not None and link_hosts:
+            settings = dataclasses.replace(settings, namespaces=[links.prefix(i) for i in range(link_hosts)])
         if private_redis:
             # one password for all: the children get it in their environment
             host, password = links.hub if links is not None else "127.0.0.1", secrets.token_urlsafe(24)

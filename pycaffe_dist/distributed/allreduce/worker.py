@@ -39,6 +39,7 @@ from .buckets import GradientBuckets
 from .keeper import Keeper
 from .keys import SPEC, AllreduceStore
 from .ring import Ring
+from .sockets import SocketRing
 
 log = logging.getLogger("pycaffe_dist.distributed")
 
@@ -79,10 +80,13 @@ class AllreduceWorker(JobProcess):
     store_class, spec_kind = AllreduceStore, SPEC
 
     def __init__(self, urls, job=None, threads=1, master_timeout_s=None, retry_s=30.0, wait_for_job_s=60.0,
-                 python_layers=(), comm=None):
-        self.comm = comm if comm is not None else mpi_world()
-        self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
+                 python_layers=(), ring=None):
+        """`ring`: (rank, size, world number) of a world on sockets (sockets.py; None: the MPI world's)."""
+        self.comm = mpi_world() if ring is None else None
+        self.rank, self.world = (self.comm.Get_rank(), self.comm.Get_size()) if ring is None else ring[:2]
         super().__init__(urls, job, max(0.0, wait_for_job_s), master_timeout_s, retry_s, python_layers)
+        if ring is not None:
+            self.comm = SocketRing(self.store, *ring)
         self.name = "rank%d" % self.rank
         self.threads = threads
         self.param = jobs.solver_of(self.spec, "the job")
@@ -212,10 +216,13 @@ class AllreduceWorker(JobProcess):
                     if not self._back_off(exc):
                         self._diverged(exc)
                         raise Stopped() from None
+            self.buckets.close()
+            self._finish()
         finally:
             self.buckets.close()
             solver.rate_scale = 1.0
-        self._finish()
+            if isinstance(self.comm, SocketRing):
+                self.comm.close()
         raise Stopped()
 
     def _weights_agree(self):

@@ -134,7 +134,8 @@ def test_a_world_started_by_mpiexec_joins_a_coordinator_that_waits_for_it(make_s
     ([], "--mode allreduce trains on workers: give --workers N"),
     (["--workers", "2", "--tau", "4"], "--tau: not options of mode allreduce (it takes --lr-scaling, --lr-warmup, "
                                        "--lars)"),
-    (["--workers", "2", "--link", "1gbit:1ms"], "--link: not yet supported with --mode allreduce"),
+    (["--workers", "2", "--redis", "redis://127.0.0.1:1"], "--redis is not supported with --mode allreduce (its "
+                                                           "workers run on this machine, at a private redis-server)"),
     (["--workers", "2", "--mode", "sync", "--bucket-mb", "4"], "--bucket-mb: option of --mode allreduce"),
 ])
 def test_the_flags_it_cannot_take_are_one_line(flags, line, make_solver):
