@@ -606,10 +606,11 @@ def table(runs, args):
              "fraction of float32's where compressed; \"down\": what it pulls, where W comes down compressed too; "
              "Sandblaster: a worker's sums per evaluation); a pipeline: the activations and their gradients crossing "
              "its cuts per batch.",
-             "hub bytes/merge: the most bytes any one process of the job sent per merge (--stats hub_bytes_per_merge, "
-             "and its ratio to the model's bytes): all-reduce's ring sends 2 (N - 1) / N of the model from every "
-             "worker, whatever N is; \"-\" where the job does not count it (the master-based modes, whose master "
-             "receives N results and sends W N times per round of N)."]
+             "hub bytes/merge: the most bytes one process of the job moved one way per merge (--stats "
+             "hub_bytes_per_merge, and its ratio to the model's bytes): all-reduce's ring sends 2 (N - 1) / N of "
+             "the model from every worker, whatever N is; in the master-based modes the master or a Redis server, "
+             "which every result and every W pulled passes; \"-\" where a job does not count it (Sandblaster, the "
+             "pipeline)."]
     notes += ["FAILED: %s: %s" % (run["name"], run["error"]) for run in runs if run["rc"] != 0]
     if args.link:
         notes.append("--link %s applies to our distributed runs only; the 1-process and DDP references run locally."

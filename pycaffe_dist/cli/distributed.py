@@ -229,7 +229,7 @@ def cmd_worker(args):
     from ..distributed.data_parallel.worker import Worker
     from ..distributed.job_process import job_kind
     from ..solver import training_log
-    if job_kind(args.redis, args.job, args.wait) == "allreduce":
+    if job_kind(args.redis, args.job, args.wait, args.redis_retry) == "allreduce":
         return run_allreduce_worker(args)
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     # The master reports the job's training (and a divergence, once): the workers' own solvers stay quiet.

@@ -52,12 +52,12 @@ def find_or_wait_for_job(urls, job, wait_s):
             time.sleep(0.5)
 
 
-def job_kind(urls, job, wait_s):
+def job_kind(urls, job, wait_s, retry_s=30.0):
     """The kind of the job named (or the only one), once its spec is published (None: data-parallel, or no spec
-    yet within wait_s: the process's own wait then says so)."""
+    yet within wait_s: the process's own wait then says so); an unreachable Redis is retried for retry_s."""
     job = find_or_wait_for_job(urls, job, wait_s)
     deadline = time.monotonic() + wait_s
-    store = Store(urls, job)
+    store = Store(urls, job, retry_s)
     while True:
         spec = store.job_spec()
         if spec is not None or time.monotonic() > deadline:

@@ -7,7 +7,8 @@ lines and the tests come from worker 0 (worker.py, keeper.py), the progress reco
 A lost worker: MPI ends the whole world when one process dies (Open MPI's default). The coordinator then starts a
 world of the others (an elastic restart, as torchrun's), from the last checkpoint, with one line naming the worker
 lost and the iteration the others go on from; the data shards and the rate follow the new N. A world the
-coordinator did not start (a cluster's) is waited for again: run mpiexec again, with the workers left.
+coordinator did not start (a cluster's) it cannot start again: the job ends with one line, and goes on from worker
+0's last snapshot (--snapshot) when run again.
 With --link the coordinator starts the workers itself, each behind its emulated link, and their ring runs on
 sockets (worlds.py, sockets.py): Open MPI's ranks in namespaces of one machine cannot reach each other.
 
@@ -135,8 +136,9 @@ class AllreduceCoordinator(Coordinator):
             if self.stop_requested:
                 break
             if not self.settings.launch:
-                raise StoreError("job %s: the workers' MPI world ended at iteration %d (a worker was lost); run it "
-                                 "again to go on from the last checkpoint" % (self.job, self._count()))
+                raise StoreError("job %s: the workers' MPI world ended at iteration %d (a worker was lost), and "
+                                 "this coordinator did not start it: run the job again from worker 0's last "
+                                 "snapshot (--snapshot)" % (self.job, self._count()))
             self._restart(lost)
         self._end_world(wait=True)
         self.store.master_heartbeat(self.settings.heartbeat_s)
