@@ -60,7 +60,6 @@ import os
 import re
 import secrets
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -110,9 +109,10 @@ class Store:
         self._pool = ThreadPoolExecutor(len(self.urls) - 1) if len(self.urls) > 1 else None
         self._links = [BlobLink(u) for u in self.urls]
         self.refused = 0                        # messages dropped by a check (wire.py)
-        # the blob bytes this process has sent and received, all servers together (the job's hub figure)
+        # the blob bytes this process has sent and received, all servers together (the job's hub figure); counted
+        # without a lock: a statistic, and a lock taken where a KeyboardInterrupt may land (a worker's Ctrl-C) can
+        # be left held, hanging the next blob operation
         self.blob_bytes = {"sent": 0, "received": 0}
-        self._counting = threading.Lock()
         self._lease = None                      # this process's master lease (claim_master)
         # Renew a lease only if it is ours, and take it back if it lapsed: one round trip, atomic on the server.
         self._renew_lease = self._control.register_script(
@@ -210,8 +210,7 @@ class Store:
         return [(int(i.get("total_net_input_bytes", 0)), int(i.get("total_net_output_bytes", 0))) for i in info]
 
     def _count(self, way, nbytes):
-        with self._counting:
-            self.blob_bytes[way] += nbytes
+        self.blob_bytes[way] += nbytes
 
     def servers_cpu_s(self):
         """CPU seconds each server has used since it started (INFO cpu), for the master's account of the exchange."""

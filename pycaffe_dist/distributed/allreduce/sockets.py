@@ -1,5 +1,5 @@
 """The ring over plain TCP connections: the part of an MPI communicator that ring.py and the workers use
-(Get_rank, Get_size, Sendrecv to the right neighbour from the left one, Barrier, allgather), for a world whose
+(Get_rank, Get_size, Sendrecv to the right neighbour from the left one, Barrier, Allgather), for a world whose
 workers MPI cannot join: workers on emulated links (`--link`), each in its network namespace. Open MPI takes
 processes on one machine for one node and publishes its TCP addresses to other nodes only, so its ranks in
 namespaces of one machine find no way to each other; these sockets go over the links like any other traffic.
@@ -124,16 +124,12 @@ class SocketRing:
         for _ in range(self.size - 1):
             self.Sendrecv(token, (self.rank + 1) % self.size, back, (self.rank - 1) % self.size)
 
-    def allgather(self, text):
-        """Every worker's `text` (at most 255 bytes of ASCII), by rank."""
-        found = {self.rank: text}
-        mine = np.frombuffer(text.encode().ljust(256, b"\0"), np.uint8).copy()
-        incoming = np.empty(256, np.uint8)
+    def Allgather(self, sendbuf, recvbuf):
+        """Every worker's `sendbuf` into row r of `recvbuf` (size rows), passed round the ring."""
+        recvbuf[self.rank] = sendbuf
         for step in range(self.size - 1):
-            self.Sendrecv(mine, (self.rank + 1) % self.size, incoming, (self.rank - 1) % self.size)
-            found[(self.rank - step - 1) % self.size] = bytes(incoming).rstrip(b"\0").decode()
-            mine[:] = incoming
-        return [found[r] for r in range(self.size)]
+            out, into = recvbuf[(self.rank - step) % self.size], recvbuf[(self.rank - step - 1) % self.size]
+            self.Sendrecv(out, (self.rank + 1) % self.size, into, (self.rank - 1) % self.size)
 
     def close(self):
         for s in (self.left_socket, self.right_socket):

@@ -231,7 +231,11 @@ class AllreduceWorker(JobProcess):
         digest = hashlib.blake2b(digest_size=16)
         for w in self._weights():
             digest.update(np.ascontiguousarray(w).tobytes())
-        digests = self.comm.allgather(digest.hexdigest())
+        # raw bytes, never a pickled object (mpi4py's lowercase allgather pickles)
+        mine = np.frombuffer(digest.digest(), np.uint8).copy()
+        gathered = np.empty((self.world, mine.size), np.uint8)
+        self.comm.Allgather(mine, gathered)
+        digests = [bytes(row) for row in gathered]
         if len(set(digests)) != 1:
             differ = [r for r, d in enumerate(digests) if d != digests[0]]
             raise PycaffeDistError("job %s: the workers' weights differ after iteration %d (workers %s differ from "
