@@ -156,13 +156,12 @@ class AllreduceCoordinator(Coordinator):
         at = max(self._count(), state.get("count", 0))
         rank, how, _ = lost if lost is not None else (None, "the world ended with status %s" %
                                                       (self.world.returncode if self.world else "?"), False)
-        gone = 1
-        if self.size - gone < 1:
+        if self.size < 2:
             raise StoreError("job %s: worker %s was lost (%s) and no worker is left" % (self.job, rank, how))
         self._end_world(wait=False)
         self.lost.append({"worker": rank, "how": how, "iteration": at, "from": state.get("count", 0)})
         self.images_before += (self.last_progress or {}).get("images", 0)
-        self.size -= gone
+        self.size -= 1
         self.restarts += 1
         log.warning("worker %s was lost (%s) at iteration %d: the %d others go on from iteration %d, the last "
                     "checkpoint", "?" if rank is None else rank, how, at, self.size, state.get("count", 0))

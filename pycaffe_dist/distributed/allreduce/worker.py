@@ -151,7 +151,7 @@ class AllreduceWorker(JobProcess):
                 "exchange_share": self.buckets.wait_s / elapsed if elapsed > 0 else 0.0,
                 "iterations": done, "images": done * self.batch_images * self.world,
                 "hub_bytes_per_merge": self.ring.sent / done if done else 0.0,
-                "model_bytes": sum(b.buffer.nbytes for b in self.buckets.buckets) - 4 * bucketing.FLAGS,
+                "model_bytes": self.buckets.bytes - 4 * bucketing.FLAGS,
                 "world": self.world}
 
     def _on_start(self):
