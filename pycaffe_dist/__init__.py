@@ -12,15 +12,19 @@ from .errors import (DataError, ModelFileError, NetError, PrototxtError, Pycaffe
 from . import io
 from .layers.python_layer import UserLayer as Layer
 from .blob.blob import Blob
+from .classifier import Classifier
+from .detector import Detector
 from .net_spec import NetSpec, layers, params, to_proto
 from .proto import caffe_pb2
 from .pycaffe import (NCCL, TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, Net, NesterovSolver,
-                      RMSPropSolver, SGDSolver, Timer, get_solver, has_nccl, init_log, layer_type_list, log)
+                      RMSPropSolver, SGDSolver, Timer, get_solver, has_nccl, init_log, layer_type_list, log,
+                      set_multiprocess, set_solver_count, set_solver_rank, solver_count, solver_rank)
 
 __version__ = "0.1.0"
 
-__all__ = ["AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "DataError", "Layer", "ModelFileError", "NCCL",
-           "Net", "NesterovSolver", "NetError", "NetSpec", "PrototxtError", "PycaffeDistError", "RMSPropSolver",
-           "SGDSolver", "SolverError", "StoreError", "TEST", "TRAIN", "Timer", "UpgradeError", "caffe_pb2",
-           "get_solver", "has_nccl", "init_log", "io", "layer_type_list", "layers", "log", "params", "set_device",
-           "set_mode_cpu", "set_mode_gpu", "set_random_seed", "to_proto"]
+__all__ = ["AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "Classifier", "DataError", "Detector", "Layer",
+           "ModelFileError", "NCCL", "NesterovSolver", "Net", "NetError", "NetSpec", "PrototxtError",
+           "PycaffeDistError", "RMSPropSolver", "SGDSolver", "SolverError", "StoreError", "TEST", "TRAIN", "Timer",
+           "UpgradeError", "caffe_pb2", "get_solver", "has_nccl", "init_log", "io", "layer_type_list", "layers",
+           "log", "params", "set_device", "set_mode_cpu", "set_mode_gpu", "set_multiprocess", "set_random_seed",
+           "set_solver_count", "set_solver_rank", "solver_count", "solver_rank", "to_proto"]

@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from . import common
-from .errors import NetError
-from .io.caffemodel import load_weights
+from .errors import ModelFileError, NetError
+from .io.caffemodel import is_hdf5, load_weights, write_model
 from .io.load import read_net
 from .layers import layer_types
 from .net import net as _net
@@ -171,6 +171,18 @@ class Net(_net.Net):
     def save(self, path):
         write_binary(os.fsdecode(path), self.to_proto())
 
+    def save_hdf5(self, path):
+        """Write the weights as Caffe's Net::ToHDF5 does (data/<layer>/<blob index>, no diffs)."""
+        write_model(self, os.fsdecode(path), hdf5=True)
+
+    def load_hdf5(self, path):
+        """Load weights written by save_hdf5 (or Caffe's ToHDF5); unlike copy_from, only from an HDF5 file."""
+        path = os.fsdecode(path)
+        if not is_hdf5(path):
+            raise ModelFileError("%s: not an HDF5 file (load_hdf5 reads what save_hdf5 writes; copy_from reads a "
+                                 ".caffemodel)" % path)
+        load_weights(self, path)
+
 
 # --- solvers ------------------------------------------------------------------------------------------------
 
@@ -268,6 +280,34 @@ class Timer:
         self.stop()
         elapsed = 1e3 * (self.stopped - self.started)
         return elapsed if common.mode() == "gpu" else float(int(elapsed))
+
+
+class _SolverGroup:
+    """What Caffe's multi-GPU training keeps per process: how many solvers train together, this one's rank among
+    them, and whether they are processes (set_multiprocess) rather than threads. Caffe's NCCL reads them; here
+    nothing trains through them (has_nccl() is False), but a script that sets and reads them sees its values,
+    as under a Caffe built without NCCL."""
+    count, rank, multiprocess = 1, 0, False
+
+
+def solver_count():
+    return _SolverGroup.count
+
+
+def set_solver_count(count):
+    _SolverGroup.count = int(count)
+
+
+def solver_rank():
+    return _SolverGroup.rank
+
+
+def set_solver_rank(rank):
+    _SolverGroup.rank = int(rank)
+
+
+def set_multiprocess(multiprocess):
+    _SolverGroup.multiprocess = bool(multiprocess)
 
 
 def init_log(level=0, stderr=True):

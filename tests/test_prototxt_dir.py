@@ -29,6 +29,7 @@ NETS = [f for f in FILES if f not in SOLVERS]
 # BatchNorm mean/variance/factor blobs (2 x 26,560 + 53) + the bias of conv1 (64), which Caffe's ResNet keeps.
 DEPLOY = {
     "caffenet_deploy.prototxt": ((10, 3, 227, 227), (10, 1000), 60965224),
+    "lenet_deploy.prototxt": ((64, 1, 28, 28), (64, 10), 431080),
     "googlenet_deploy.prototxt": ((10, 3, 224, 224), (10, 1000), 6998552),
     "vgg16_deploy.prototxt": ((10, 3, 224, 224), (10, 1000), 138357544),
     "resnet50_deploy.prototxt": ((1, 3, 224, 224), (1, 1000), 25610269),

@@ -1,4 +1,4 @@
-"""The pycaffe interface: a pycaffe script runs unchanged but for its import; Net's constructor forms,
+"""The pycaffe interface: a pycaffe script runs unchanged, `import caffe` and all; Net's constructor forms,
 dictionaries, copy_from errors and save/load round trips."""
 import subprocess
 import sys
@@ -67,7 +67,7 @@ def test_copy_from_bad_files(tmp_path):
     truncated.write_bytes(LENET_WEIGHTS.read_bytes()[:5000])
     with pytest.raises(ModelFileError, match="cut.caffemodel: is not a Caffe model .* or is truncated"):
         net.copy_from(str(truncated))
-    with pytest.raises(ModelFileError, match="missing.caffemodel: cannot read: No such file"):
+    with pytest.raises(ModelFileError, match="missing.caffemodel: no such file"):
         net.copy_from(str(tmp_path / "missing.caffemodel"))
 
 

@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Fashion-MNIST for the tests that train on real data (Debian's package; without it those tests are skipped).
-if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null; then
+# Fashion-MNIST for the tests that train on real data and Graphviz for `draw` (Debian's packages; without them
+# those tests are skipped).
+if { [ ! -d /usr/share/datasets/fashion-mnist ] || ! command -v dot >/dev/null; } && command -v apt-get >/dev/null
+then
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    ($sudo apt-get update -qq && $sudo apt-get install -y -qq dataset-fashion-mnist) \
-        || echo "run_tests: could not install dataset-fashion-mnist; its tests will be skipped" >&2
+    ($sudo apt-get update -qq && $sudo apt-get install -y -qq dataset-fashion-mnist graphviz) \
+        || echo "run_tests: could not install dataset-fashion-mnist and graphviz; their tests will be skipped" >&2
 fi
 # Build the package and its Cython kernels in place (editable), with the test requirements.
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"

@@ -31,7 +31,7 @@ def _import_pycuda():
     try:
         import pycuda.driver as driver
     except ImportError as exc:
-        raise DeviceError("pycuda cannot be imported (%s): build it from its sdist, see the README's GPU section"
+        raise DeviceError("pycuda cannot be imported (%s): build it from its sdist, see docs/gpu.md"
                           % exc) from None
     try:
         driver.init()

@@ -1,16 +1,16 @@
 """`dist_caffe`: the command line, one module per group of verbs: training.py (train, test, time, plot: Caffe's
 `caffe` tool), distributed.py (train --workers, master, worker, status), pipeline.py (train --pipeline,
-pipeline-master, stage), sandblaster.py (train --mode sandblaster, sandblaster-master,
-sandblaster-worker), allreduce.py (train --mode allreduce, allreduce-master), tools.py (net-info, upgrade,
-device-query), data.py (convert-idx, convert-imageset, convert-db, compute-mean). Every verb's errors reach the
-user as one line and a non-zero exit code."""
+pipeline-master, stage), sandblaster.py (train --mode sandblaster, sandblaster-master, sandblaster-worker),
+allreduce.py (train --mode allreduce, allreduce-master), tools.py (net-info, draw, upgrade, device-query),
+inference.py (classify, extract-features), export.py (export-onnx), data.py (convert-idx, convert-imageset,
+convert-db, compute-mean). Every verb's errors reach the user as one line and a non-zero exit code."""
 import argparse
 import logging
 import sys
 
 from .. import __version__
 from ..errors import PycaffeDistError
-from . import allreduce, arguments, data, distributed, pipeline, sandblaster, tools, training
+from . import allreduce, arguments, data, distributed, export, inference, pipeline, sandblaster, tools, training
 
 
 def build_parser():
@@ -21,7 +21,7 @@ def build_parser():
     parser.add_argument("--version", action="version", version="dist_caffe (pycaffe-dist) %s" % __version__)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
-    for group in (training, distributed, allreduce, pipeline, sandblaster, tools, data):
+    for group in (training, distributed, allreduce, pipeline, sandblaster, tools, inference, export, data):
         group.add_verbs(verbs)
     return parser
 

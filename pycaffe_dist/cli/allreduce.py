@@ -6,6 +6,7 @@ import logging
 import sys
 
 from ..backend import select
+from ..metrics import flags as metrics_flags
 from .distributed import checked_link, mode_options, run_launched_job
 
 OPTIONS = ("lr_scaling", "lr_warmup", "lars")      # the mode options it takes (lr_scaling.py's, and LARS)
@@ -41,18 +42,20 @@ def cmd_train_allreduce(args):
     link = checked_link(args)
     return run_launched_job(
         lambda progress, sink: launch.run_allreduce_local(settings, progress=progress, sink=sink, link=link),
-        "the coordinator and the workers", "the all-reduce coordinator")
+        "the coordinator and the workers", "the all-reduce coordinator", args)
 
 
 def cmd_allreduce_master(args):
     from ..distributed.allreduce.master import AllreduceCoordinator, Settings
     from ..distributed.redis_client import describe
     from ..solver import training_log
+    metrics_flags.check(args)
     settings = Settings.read(args.settings)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     coordinator = AllreduceCoordinator(settings)
     print("job %s on %s" % (coordinator.job, describe(coordinator.store.urls[0])), file=sys.stderr, flush=True)
-    coordinator.run()
+    with metrics_flags.serving_job(args, settings.redis, coordinator.job):      # (worker 0 writes the record)
+        coordinator.run()
     return 0
 
 
@@ -61,6 +64,7 @@ def add_verbs(verbs):
                          "allreduce` starts)")
     p.add_argument("--settings", required=True, help="its settings as JSON, from this file ('-': standard input): "
                    "the fields of distributed/allreduce/master.py's Settings")
+    metrics_flags.add_serving_flags(p)
     p.set_defaults(func=cmd_allreduce_master)
 
 

@@ -10,6 +10,7 @@ from ..backend import select
 from ..distributed.data_parallel import modes
 from ..distributed.job import STOPPED_BY_MASTER, modules_flag
 from ..errors import PycaffeDistError
+from ..metrics import flags as metrics_flags
 from . import arguments
 
 
@@ -142,7 +143,7 @@ def cmd_train_distributed(args):
             settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
             gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, link=link, slow_workers=slow,
             redis_servers=args.redis_servers),
-        "the master and the workers", "the master")
+        "the master and the workers", "the master", args)
 
 
 def checked_link(args):
@@ -157,10 +158,11 @@ def checked_link(args):
     return link
 
 
-def run_launched_job(start, children, master):
+def run_launched_job(start, children, master, args=None):
     """Run a job that launch.py starts on this machine (`start(progress, sink)` -> the master's exit code) under one
     progress line on a terminal; the master's own error line becomes this command's one error line, at the end.
-    `children` and `master` name the processes in the lines that say how it stopped."""
+    `children` and `master` name the processes in the lines that say how it stopped. The master's progress records
+    also go to `train`'s --tensorboard and --metrics-port, where `args` give them (metrics/flags.py)."""
     from ..distributed.launch import print_line
     from ..solver import training_log
     handler = training_log.TerminalHandler(sys.stderr) if sys.stderr.isatty() else None
@@ -175,9 +177,10 @@ def run_launched_job(start, children, master):
             pass                # a worker echoing the master's failure: the launcher's one line is the master's
         else:
             show(line)
-    progress = training_log.DistributedProgress(handler) if handler is not None else None
+    shown = training_log.DistributedProgress(handler) if handler is not None else None
     try:
-        code = start(progress, sink)
+        with metrics_flags.watching_job(args, shown) as progress:
+            code = start(progress, sink)
     finally:
         if handler is not None:
             handler.finish()
@@ -209,10 +212,12 @@ def cmd_master(args):
                             join_timeout_s=args.join_timeout, keep=args.keep, max_iter=args.iterations,
                             stats_path=args.stats, retry_s=args.redis_retry, log=args.log,
                             python_layers=modules_flag(args.python_layers))
+    metrics_flags.check(args)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = Master(settings)
     print("job %s on %s" % (master.job, describe(master.store.urls[0])), file=sys.stderr, flush=True)
-    master.run()
+    with metrics_flags.serving_job(args, settings.redis, master.job):
+        master.run()
     return 0
 
 
@@ -298,6 +303,7 @@ def add_verbs(verbs):
                    "giving up (default 30)")
     p.add_argument("--settings", help="read every setting from this JSON file ('-': standard input) instead of the "
                    "flags, as the one-machine launcher hands them over (master.Settings)")
+    metrics_flags.add_serving_flags(p)
     add_mode_flags(p)
     p.set_defaults(func=cmd_master)
 

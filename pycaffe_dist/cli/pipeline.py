@@ -7,6 +7,7 @@ import sys
 from ..backend import select
 from ..errors import PycaffeDistError
 from ..distributed.job import modules_flag
+from ..metrics import flags as metrics_flags
 from .distributed import (add_patience_flags, add_python_layers_flag, checked_link, choose_process_gpu,
                           run_launched_job)
 
@@ -27,16 +28,18 @@ def cmd_train_pipeline(args):
     return run_launched_job(
         lambda progress, sink: launch.run_pipeline_local(settings, threads=args.threads or 1, progress=progress,
                                                          sink=sink, link=link, gpus=gpus),
-        "the master and the stages", "the pipeline's master")
+        "the master and the stages", "the pipeline's master", args)
 
 
 def cmd_pipeline_master(args):
     from ..distributed.pipeline.master import PipelineMaster, Settings
     from ..solver import training_log
+    metrics_flags.check(args)
     settings = Settings.read(args.settings)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = PipelineMaster(settings)
-    master.run()
+    with metrics_flags.serving_job(args, settings.redis, master.job):
+        master.run()
     return 0
 
 
@@ -59,6 +62,7 @@ def add_verbs(verbs):
     p = verbs.add_parser("pipeline-master", help="the master of a pipeline (what `train --pipeline K` starts)")
     p.add_argument("--settings", required=True, help="its settings as JSON, from this file ('-': standard input): "
                    "the fields of distributed/pipeline/master.py's Settings")
+    metrics_flags.add_serving_flags(p)
     p.set_defaults(func=cmd_pipeline_master)
 
     p = verbs.add_parser("stage", help="a stage of a pipeline (what `train --pipeline K` starts)")

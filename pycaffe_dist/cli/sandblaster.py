@@ -7,6 +7,7 @@ import sys
 from ..backend import select
 from ..errors import PycaffeDistError
 from ..distributed.job import modules_flag
+from ..metrics import flags as metrics_flags
 from .distributed import (add_patience_flags, add_python_layers_flag, checked_link, choose_process_gpu,
                           run_launched_job)
 
@@ -48,17 +49,19 @@ def cmd_train_sandblaster(args):
     return run_launched_job(
         lambda progress, sink: launch.run_sandblaster_local(settings, threads=args.threads or 1, progress=progress,
                                                             sink=sink, slow_workers=slow, link=link, gpus=gpus),
-        "the master and the workers", "the Sandblaster master")
+        "the master and the workers", "the Sandblaster master", args)
 
 
 def cmd_sandblaster_master(args):
     from ..distributed.sandblaster.master import SandblasterMaster, Settings
     from ..solver import training_log
+    metrics_flags.check(args)
     settings = Settings.read(args.settings)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = SandblasterMaster(settings)
     print("job %s" % master.job, file=sys.stderr, flush=True)
-    master.run()
+    with metrics_flags.serving_job(args, settings.redis, master.job):
+        master.run()
     return 0
 
 
@@ -82,6 +85,7 @@ def add_verbs(verbs):
                          "sandblaster` starts)")
     p.add_argument("--settings", required=True, help="its settings as JSON, from this file ('-': standard input): "
                    "the fields of distributed/sandblaster/master.py's Settings")
+    metrics_flags.add_serving_flags(p)
     p.set_defaults(func=cmd_sandblaster_master)
 
     p = verbs.add_parser("sandblaster-worker", help="a worker of Sandblaster L-BFGS (what `train --mode sandblaster` "

@@ -1,4 +1,4 @@
-"""The verbs that look at nets and the machine: net-info, upgrade, device-query."""
+"""The verbs that look at nets and the machine: net-info, draw, upgrade, device-query."""
 import os
 import sys
 import time
@@ -102,6 +102,17 @@ def cmd_device_query(args):
     return 0
 
 
+def cmd_draw(args):
+    """Caffe's python/draw_net.py: the net (any format version, upgraded) as a picture in the output's format."""
+    from ..draw import draw_net_to_file
+    from ..io.load import read_net
+    net = read_net(args.net)
+    phase = None if args.phase == "ALL" else arguments.phase(args.phase)
+    draw_net_to_file(net, args.output, args.rankdir, phase, args.display_lrm)
+    print("%s: drawn into %s" % (args.net, args.output))
+    return 0
+
+
 def add_verbs(verbs):
     p = verbs.add_parser("net-info", help="build a net and print its layers, shapes, parameters and FLOPs")
     p.add_argument("net", help="net prototxt (any format version)")
@@ -112,6 +123,17 @@ def add_verbs(verbs):
     p.add_argument("--pipeline", type=int, metavar="K", help="also cut the TRAIN net (then the one shown) into K "
                    "stages as `train --pipeline K` does: each layer's stage, FLOPs per stage, bytes across each cut")
     p.set_defaults(func=cmd_net_info)
+
+    p = verbs.add_parser("draw", help="draw a net's graph into a PNG, SVG, PDF, ... (Caffe's draw_net.py; needs "
+                         "pydot and Graphviz)")
+    p.add_argument("net", help="net prototxt (any format version)")
+    p.add_argument("output", help="picture file; its extension is the format (.png, .svg, .pdf; .raw: dot's text)")
+    p.add_argument("--rankdir", choices=("LR", "TB", "BT", "RL"), default="LR",
+                   help="direction of the layout: LR (default, left to right), TB, BT or RL")
+    p.add_argument("--phase", choices=("TRAIN", "TEST", "ALL"), type=str.upper, default="ALL",
+                   help="draw only the layers of this phase (default ALL)")
+    p.add_argument("--display-lrm", action="store_true", help="show the learning layers' lr_mult")
+    p.set_defaults(func=cmd_draw)
 
     p = verbs.add_parser("device-query", help="show the CPU and the GPUs this build can compute on, or why none")
     p.set_defaults(func=cmd_device_query)

@@ -7,6 +7,7 @@ import signal
 
 from ..backend import select
 from ..errors import PycaffeDistError
+from ..metrics import flags as metrics_flags
 from . import allreduce, arguments, distributed, job_kinds, sandblaster
 
 SIGNAL_EFFECTS = ("stop", "snapshot", "none")
@@ -44,14 +45,17 @@ def _signal_effect(value):
 
 def cmd_train(args):
     """Caffe's `caffe train`: finetune from --weights or resume from --snapshot; Caffe's log lines on stderr (and
-    in --log); on a terminal, a progress line under them. --workers (or several GPUs) trains distributed."""
+    in --log); on a terminal, a progress line under them. --workers (or several GPUs) trains distributed.
+    --tensorboard and --metrics-port watch it (metrics/flags.py)."""
     from .. import common
     from ..io.load import read_solver
     from ..solver import training_log
     from ..solver.solver import Solver
     kind = job_kinds.choose(args)           # one line for a flag the kind chosen cannot take
+    metrics_flags.check(args)               # (a missing package: one line before anything starts)
     if kind.run is not None:
-        return kind.run(args)
+        with metrics_flags.job_summary(args):
+            return kind.run(args)
     if args.threads:
         common.set_num_threads(args.threads)
     logger = logging.getLogger("pycaffe_dist")
@@ -77,7 +81,8 @@ def cmd_train(args):
         solver.restore(args.snapshot)
     log.info("Starting Optimization")
     try:
-        solver.solve()
+        with metrics_flags.watching_solver(args, solver):
+            solver.solve()
     finally:
         if terminal is not None:
             terminal.finish()
@@ -143,8 +148,11 @@ def cmd_time(args):
 
 
 def cmd_plot(args):
-    """Plot a Caffe-format training log: loss and test outputs against iterations (and seconds)."""
+    """Plot a Caffe-format training log: loss and test outputs against iterations (and seconds); with --csv, also
+    Caffe's parse_log.py tables of it (metrics/log_csv.py)."""
     from ..solver import training_log
+    if args.csv_dir is not None and not os.path.isdir(args.csv_dir):
+        raise PycaffeDistError("--csv-dir %s: no such folder (the tables go into an existing one)" % args.csv_dir)
     parsed = training_log.parse_log(args.log)
     if not parsed["train"] and not parsed["test"]:
         raise PycaffeDistError("%s: no training loss or test output lines found (is it a Caffe training log?)"
@@ -158,6 +166,10 @@ def cmd_plot(args):
         it, _, _, _, value = [t for t in parsed["test"] if (t[2], t[3]) == (net_id, name)][-1]
         print("last test #%d %s: %g (iteration %d)" % (net_id, name, value, it))
     print("wrote %s" % out)
+    if args.csv or args.csv_dir is not None:
+        from ..metrics.log_csv import write_tables
+        for path in write_tables(args.log, parsed, args.csv_dir):
+            print("wrote %s" % path)
     return 0
 
 
@@ -193,6 +205,7 @@ def add_verbs(verbs):
     distributed.add_train_flags(p)
     sandblaster.add_train_flags(p)
     allreduce.add_train_flags(p)
+    metrics_flags.add_train_flags(p)
     p.set_defaults(func=cmd_train)
 
     p = verbs.add_parser("test", help="score a trained net on its TEST phase (caffe test)")
@@ -207,4 +220,7 @@ def add_verbs(verbs):
     p = verbs.add_parser("plot", help="plot loss and test accuracy of a Caffe-format training log")
     p.add_argument("log", help="training log (ours, or Caffe's)")
     p.add_argument("-o", "--output", help="PNG to write (default: the log's name with .png)")
+    p.add_argument("--csv", action="store_true", help="also write Caffe's parse_log.py tables, LOG.train and "
+                   "LOG.test, beside the log (or into --csv-dir)")
+    p.add_argument("--csv-dir", metavar="DIR", help="the folder of --csv's tables (implies --csv)")
     p.set_defaults(func=cmd_plot)

@@ -98,6 +98,8 @@ def open_image(source, where, channels=1):
         return _open(Image, source, where, channels)
     except FileNotFoundError:
         raise DataError("%s: no such image file" % where) from None
+    except DataError:
+        raise                                   # _open's own verdicts (a ValueError too: errors.py)
     except (OSError, ValueError) as exc:        # a directory, a name with a NUL byte, ...
         raise DataError("%s: cannot read the image: %s" % (where, exc)) from None
 

@@ -50,6 +50,8 @@ def check(data_path):
                 return
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 _Walk(data_path, data, size).run()
+    except DataError:
+        raise                       # what the walk found (a ValueError too: errors.py)
     except (OSError, ValueError):
         return                      # unreadable or empty: lmdb.open says what is wrong
 

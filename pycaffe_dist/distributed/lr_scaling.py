@@ -23,7 +23,7 @@ What k is comes from how each mode merges (Rule.merged_work in modes/base.py, ov
 Where it applies: the rate of every local solver step is the solver's (its lr policy at the job's merge count)
 times the scale the master sends with each reply, so a worker's momentum and weight decay follow the scaled
 rate as Caffe's own SGD with a larger base_lr would; in gradient-only the master applies it in its own update (the
-rate times scale / staleness). The schedule keeps counting merges, as max_iter does (see the README's units).
+rate times scale / staleness). The schedule keeps counting merges, as max_iter does (see docs/distributed.md, units).
 
 What keeps a scaled rate stable: the warmup; Backoff (below), which takes the rate down where it diverged anyway;
 and, as an option, LARS's trust ratio (`--lars TRUST`, Solver._trust_clipped), which clips what scaling adds to
@@ -56,7 +56,7 @@ def check_warmup(value):
 
 
 # Batch merged per step (images) past which linear scaling stopped paying for LeNet on Fashion-MNIST: images to 0.85
-# grew beyond 1.5x one process's (bench/scaling.py --images, README "Learning rate of N workers").
+# grew beyond 1.5x one process's (bench/scaling.py --images, docs/distributed-lr.md).
 CRITICAL_IMAGES = 1024
 
 

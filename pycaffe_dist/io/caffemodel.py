@@ -9,7 +9,7 @@ is a ModelFileError naming the file and the object (data/hdf5.py).
 import os
 
 from ..data import hdf5
-from ..errors import ModelFileError
+from ..errors import ModelFileError, ModelFileNotFound
 from ..proto.binary import write_binary
 from .load import read_net_binary
 
@@ -20,6 +20,8 @@ def is_hdf5(path):
     try:
         with open(path, "rb") as f:
             return f.read(8) == HDF5_MAGIC
+    except FileNotFoundError:
+        raise ModelFileNotFound("%s: no such file" % path) from None
     except OSError as exc:
         raise ModelFileError("%s: cannot read: %s" % (path, exc.strerror)) from None
     except ValueError as exc:      # a name with a NUL byte (a solver state's learned_net may hold one)

@@ -4,7 +4,7 @@ import re
 
 from google.protobuf import text_format
 
-from ..errors import PrototxtError
+from ..errors import PrototxtError, PrototxtNotFound
 
 _LOCATION = re.compile(r"^(\d+):(\d+) : (.*)$", re.S)
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|[\w.+-]+|\S')
@@ -49,7 +49,7 @@ def read_text(path, message):
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PrototxtError("no such file", str(path)) from None
+        raise PrototxtNotFound("no such file", str(path)) from None
     except UnicodeDecodeError as exc:
         raise PrototxtError("not a UTF-8 text file (byte %d); is it a binary proto?" % exc.start, str(path)) from None
     except OSError as exc:

@@ -448,7 +448,7 @@ class ContrastiveLossLayer(LossLayer):
     forward: sum over pairs of d^2 (similar) or max(margin - d, 0)^2 (dissimilar; legacy: max(margin - d^2, 0)),
     / N / 2; backward into a and b (opposite signs), nothing into y (Caffe ignores propagate_down[2]).
     GPU code: contrastive_loss_layer.cu's, with csrc/cuda/loss.cu's kernels (its legacy gradient as the CPU code's:
-    README, Where we differ from Caffe)."""
+    docs/differences.md)."""
     exact_num_bottom = 3
 
     def layer_setup(self, bottom, top):

@@ -145,7 +145,7 @@ class MVNLayer(Layer):
         return blob.num if self.param.mvn_param.across_channels else blob.num * blob.channels
 
     def forward(self, bottom, top):
-        if not bottom[0].count:    # nothing to normalize (README: Where we differ from Caffe, empty blobs)
+        if not bottom[0].count:    # nothing to normalize (docs/differences.md, empty blobs)
             return
         mp = self.param.mvn_param
         rows = self._rows(bottom[0])
@@ -163,7 +163,7 @@ class MVNLayer(Layer):
         rows = self._rows(bottom[0])
         dy = top[0].diff.reshape(rows, -1)
         # dx is built in new arrays: in place (top diff = bottom diff) Caffe's first caffe_mul overwrites the top
-        # diff it reads later, a wrong gradient we do not copy (README: where we differ from Caffe)
+        # diff it reads later, a wrong gradient we do not copy (docs/differences.md)
         if self.param.mvn_param.normalize_variance:
             # dx = (dy - mean(dy) - y * mean(dy * y)) / std, with Caffe's operation order.
             y = top[0].data.reshape(rows, -1)
@@ -276,8 +276,8 @@ class BatchNormLayer(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        # No elements: no batch statistics, so the moving averages stay as they were (README: Where we differ from
-        # Caffe, empty blobs).
+        # No elements: no batch statistics, so the moving averages stay as they were (docs/differences.md,
+        # empty blobs).
         if not bottom[0].count:
             return
         n = bottom[0].shape[0]

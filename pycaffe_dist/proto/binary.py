@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from ..errors import ModelFileError
+from ..errors import ModelFileError, ModelFileNotFound
 
 _WHAT = {
     "NetParameter": "a Caffe model (.caffemodel: binary NetParameter)",
@@ -30,7 +30,7 @@ def _read_bytes(path):
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ModelFileError("%s: no such file" % path) from None
+        raise ModelFileNotFound("%s: no such file" % path) from None
     except OSError as exc:
         raise ModelFileError("%s: cannot read: %s" % (path, exc.strerror)) from None
     except ValueError as exc:      # a name with a NUL byte (a prototxt string may hold one)

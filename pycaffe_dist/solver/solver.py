@@ -47,6 +47,19 @@ f32 = np.float32
 NONE, SNAPSHOT, STOP = "none", "snapshot", "stop"
 DATA_SOURCE_TYPES = ("Data", "ImageData", "HDF5Data")
 
+
+class SolverObserver:
+    """What Solver.observers are told: the figures of Caffe's display and test lines, as numbers, when the lines are
+    logged (metrics/ writes them to TensorBoard). Both do nothing here; an observer overrides what it needs."""
+
+    def displayed(self, solver, iteration, loss, rate, iters_per_s, outputs):
+        """A display: the smoothed `loss`, the update's `rate` and `iters_per_s` of its lines (both None on the
+        display after the last update, which has neither), `outputs` [(index, name, value)] of the train net."""
+
+    def tested(self, solver, test_net_id, iteration, outputs):
+        """A test of test net `test_net_id` after `iteration` updates: its outputs' means [(index, name, mean)]."""
+
+
 class Solver:
     """Solver(param or solver prototxt path[, solver_type]). solver_type (pycaffe's SGDSolver, AdamSolver, ...)
     overrides the file's `type`."""
@@ -79,6 +92,7 @@ class Solver:
         self.history = updates.new_history(param, [b.shape for b in self.net.learnable_params])
         self.callbacks = []                 # (on_start, on_gradients) pairs, as pycaffe's add_callback
         self.iteration_hooks = []           # f(solver) after each update: progress displays, workers
+        self.observers = []                 # SolverObserver: each display's and test's figures (metrics/)
         self.action_function = None
         self.requested_early_exit = False
         self.rate = None                    # the learning rate of the last update
@@ -243,12 +257,16 @@ class Solver:
                 log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, caffe_number(per_s),
                          caffe_number(lapse), p.display, caffe_number(self.smoothed_loss))
                 timer, iterations_last = time.perf_counter(), self.iter
-                for index, name, value, weight in output_values(self.net):
+                shown = list(output_values(self.net))
+                for index, name, value, weight in shown:
                     log.info("    Train net output #%d: %s = %s%s", index, name, caffe_number(value),
                              loss_note(weight, value))
             for _, on_gradients in self.callbacks:
                 on_gradients()
             self.apply_update(self.rate_scale)
+            if display:                     # (after the update: its lr line belongs to the display)
+                self._tell("displayed", self.iter - 1, float(self.smoothed_loss), float(self.rate), per_s,
+                           [(index, name, float(value)) for index, name, value, _ in shown])
             for hook in self.iteration_hooks:
                 hook(self)
             request = self._requested_action()
@@ -360,6 +378,7 @@ class Solver:
             self._forwards["train"] += 1
             self._update_smoothed_loss(loss, start_iter)
             log.info("Iteration %d, loss = %s", self.iter, caffe_number(self.smoothed_loss))
+            self._tell("displayed", self.iter, float(self.smoothed_loss), None, None, [])
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")
@@ -400,6 +419,12 @@ class Solver:
         self.test_scores[test_net_id] = [(name, float(mean)) for _, name, mean, _ in means]
         for index, name, mean, weight in means:
             log.info("    Test net output #%d: %s = %s%s", index, name, caffe_number(mean), loss_note(weight, mean))
+        self._tell("tested", test_net_id, self.iter, [(index, name, float(mean)) for index, name, mean, _ in means])
+
+    def _tell(self, event, *figures):
+        """Hand a display's or a test's figures, as its log lines say them, to each observer's `event` method."""
+        for observer in self.observers:
+            getattr(observer, event)(self, *figures)
 
     # --- snapshots ----------------------------------------------------------------------------------------------
 

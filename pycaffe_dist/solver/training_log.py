@@ -113,7 +113,8 @@ class DistributedProgress:
             return
         count, total, elapsed = stats["count"], stats["max_iter"], stats["elapsed_s"]
         left = (total - count) * elapsed / count if count else 0
-        rates = ", ".join("w%s %.0f img/s" % (w, r) for w, r in sorted(stats["workers"].items(), key=lambda x: int(x[0])))
+        workers = sorted(stats["workers"].items(), key=lambda item: int(item[0]))
+        rates = ", ".join("w%s %.0f img/s" % (w, r) for w, r in workers)
         loss = "%.4g" % stats["loss"] if stats.get("loss") is not None else "-"
         self.handler.set_status("[%s merge %d/%d] loss %s  %s  %s  ETA %s"
                                 % (stats["mode"], count, total, loss, rates, share_text(stats), _duration(left)))
@@ -156,14 +157,18 @@ _ITERATION = re.compile(r"Iteration (\d+)")
 _TRAIN_LOSS = re.compile(r"Iteration (\d+)(?: \([^)]*\))?, loss = ([-+\w.]+)")
 _LR = re.compile(r"Iteration (\d+), lr = ([-+\w.]+)")
 _TEST_OUTPUT = re.compile(r"Test net output #(\d+): (\S+) = ([-+\w.]+)")
+_TRAIN_OUTPUT = re.compile(r"Train net output #(\d+): (\S+) = ([-+\w.]+)")
 _TEST_NET = re.compile(r"Iteration (\d+), Testing net \(#(\d+)\)")
 
 
 def parse_log(path):
     """Read a Caffe-format training log. Returns a dict: train (list of (iteration, seconds or None, loss)),
-    lr (list of (iteration, seconds, lr)), test (list of (iteration, seconds, net id, output name, value)).
+    lr (list of (iteration, seconds, lr)), test (list of (iteration, seconds, net id, output name, value)),
+    outputs (the train net's: list of (iteration, seconds, output name, value)) and solving (the seconds of the
+    "Solving" line, where Caffe's parse_log counts from; None without it or without times).
     A line whose time stamp is no date or whose value is no number is a DataError naming it."""
-    train, rates, tests = [], [], []
+    train, rates, tests, outputs = [], [], [], []
+    solving = None
     start = previous = None
     year = 2000
     iteration, net_id = 0, 0
@@ -188,6 +193,8 @@ def parse_log(path):
                     start = stamp
                 seconds = (stamp - start).total_seconds()
                 line = line[m.end():]
+            if solving is None and line.startswith("Solving "):
+                solving = seconds
             m = _ITERATION.search(line)
             if m:
                 iteration = int(m.group(1))
@@ -205,7 +212,11 @@ def parse_log(path):
             m = _TEST_OUTPUT.search(line)
             if m:
                 tests.append((iteration, seconds, net_id, m.group(2), _number(m.group(3), where)))
-    return {"train": train, "lr": rates, "test": tests}
+                continue
+            m = _TRAIN_OUTPUT.search(line)
+            if m:
+                outputs.append((iteration, seconds, m.group(2), _number(m.group(3), where)))
+    return {"train": train, "lr": rates, "test": tests, "outputs": outputs, "solving": solving}
 
 
 def _stamp(m, year, where):

@@ -5,6 +5,7 @@ and that no line holds the password."""
 import json
 import os
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -42,8 +43,14 @@ class Job:
         """{name: exit code}, every process having ended within ENDED_WITHIN_S of now."""
         deadline, codes = time.monotonic() + ENDED_WITHIN_S, {}
         for name in names or self.names:
-            left = max(0.1, deadline - time.monotonic())
-            codes[name] = self.procs.wait(name, left)
+            try:
+                codes[name] = self.procs.procs[name].wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[name] = None
+        if None in codes.values():
+            # every process's state and log: the one still running is often waiting on another
+            pytest.fail("not ended within %d s: %s\n%s" % (ENDED_WITHIN_S, codes, "\n".join(
+                "--- %s:\n%s" % (name, self.log(name)[-1500:]) for name in codes)))
         return codes
 
     def log(self, name):
@@ -238,6 +245,17 @@ def test_a_second_master_and_a_resume_on_a_live_job_are_refused_naming_its_maste
     job.assert_clean(redis_client, job.names + ["second", "resume"])
 
 
+def assert_takes_sigint(proc):
+    """A process that ignores or blocks SIGINT (inherited from this one) never leaves on Ctrl-C: say so now."""
+    fields = dict(line.split(":\t", 1) for line in open("/proc/%d/status" % proc.pid).read().splitlines()
+                  if ":\t" in line)
+    sigint = 1 << (signal.SIGINT - 1)
+    for field in ("SigIgn", "SigBlk"):
+        assert not int(fields[field], 16) & sigint, "pid %d has SIGINT in %s (%s); this process: handler %r, " \
+            "blocked %s" % (proc.pid, field, fields[field], signal.getsignal(signal.SIGINT),
+                            sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+
 # Open: in the full suite since the all-reduce tests came in (3 CI runs of 3) the master stops logging after start
 # and never sees its workers leave; alone, or with its own file, it passes (10 of 10). Not yet found.
 @pytest.mark.xfail(strict=False, reason="open: hangs in the full suite after the all-reduce tests, passes alone")
@@ -246,6 +264,7 @@ def test_when_every_worker_leaves_the_master_says_so_waits_then_stops_with_a_sna
     job.start(make_solver(max_iter=100000))
     wait_for_merges(store_for(job.job), 50)
     for i in range(2):
+        assert_takes_sigint(job.procs.procs["worker%d" % i])
         job.procs.procs["worker%d" % i].send_signal(signal.SIGINT)
     codes = job.ended()
     assert codes["master"] == 1

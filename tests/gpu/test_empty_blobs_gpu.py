@@ -5,8 +5,8 @@ Both paths must do the same thing, and it must be what Caffe's arithmetic does: 
 where Caffe's normalizer is at least 1 (SoftmaxWithLoss, SigmoidCrossEntropyLoss, InfogainLoss), NaN where it
 divides by the batch size (EuclideanLoss, ContrastiveLoss: 0 / 0 in float). Where Caffe divides an int count by 0
 and stops with SIGFPE (HingeLoss, MultinomialLogisticLoss, ArgMax without an axis, MVN, BatchNorm), both paths run:
-empty tops, NaN for the two losses, and a BatchNorm that keeps its statistics (README: Where we differ from
-Caffe). A configuration Caffe refuses gets the same NetError on both paths; any other exception is a bug."""
+empty tops, NaN for the two losses, and a BatchNorm that keeps its statistics (docs/differences.md). A
+configuration Caffe refuses gets the same NetError on both paths; any other exception is a bug."""
 import json
 
 import numpy as np

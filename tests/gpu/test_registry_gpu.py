@@ -25,7 +25,7 @@ CPU_ONLY = {
     "MultinomialLogisticLoss": "multinomial_logistic_loss_layer has no .cu",
     "Parameter": "no computation: its top shares the parameter blob",
     "Python": "user code, on the host as in Caffe",
-    "WindowData": "its forward is not supported (README: Where we differ from Caffe)",
+    "WindowData": "its forward is not supported (docs/differences.md)",
 }
 
 

@@ -1,5 +1,5 @@
 """A pycaffe script after Caffe's examples/net_surgery.ipynb ("casting a classifier into a fully convolutional
-network"), on LeNet. Only the import differs from what a pycaffe user would write.
+network"), on LeNet. Written as a pycaffe user writes it: `import caffe`.
 
 usage: python net_surgery_lenet.py LENET_DEPLOY.prototxt LENET.caffemodel OUT_DIR
 """
@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 
-import pycaffe_dist as caffe
-from pycaffe_dist.proto import caffe_pb2
+import caffe
+from caffe.proto import caffe_pb2
 from google.protobuf import text_format
 
 deploy, weights, out_dir = sys.argv[1:4]

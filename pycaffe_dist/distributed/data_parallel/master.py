@@ -607,8 +607,10 @@ class Master(Coordinator):
         return "%s; exchange %.1f%% of a round" % (", ".join(parts) or "none", 100 * self.membership.exchange_share())
 
     def progress(self):
-        return self.progress_of(self.count, self.membership.rates(self.started_at),
-                                exchange_share=self.membership.exchange_share())
+        # (with the staleness of the results merged at 1/staleness: None in the modes that do not scale by it)
+        return dict(self.progress_of(self.count, self.membership.rates(self.started_at),
+                                     exchange_share=self.membership.exchange_share()),
+                    mean_staleness=self.staleness.mean())
 
     def summary(self):
         images = self.membership.images()
