@@ -159,12 +159,26 @@ class AllreduceCoordinator(Coordinator):
         if self.size < 2:
             raise StoreError("job %s: worker %s was lost (%s) and no worker is left" % (self.job, rank, how))
         self._end_world(wait=False)
+        self._drop_messages_of_the_ended_world()
         self.lost.append({"worker": rank, "how": how, "iteration": at, "from": state.get("count", 0)})
         self.images_before += (self.last_progress or {}).get("images", 0)
         self.size -= 1
         self.restarts += 1
         log.warning("worker %s was lost (%s) at iteration %d: the %d others go on from iteration %d, the last "
                     "checkpoint", "?" if rank is None else rank, how, at, self.size, state.get("count", 0))
+
+    def _drop_messages_of_the_ended_world(self):
+        """What the ended world's workers said after the watch stopped reading (the second neighbour's broken ring,
+        a ready line): its processes are all gone now, so nothing more comes from them, and none of it is about
+        the next world. Left in the inbox, a dead neighbour's error would end the new world the moment it starts."""
+        dropped = 0
+        while True:
+            stale = self.store.next_messages(0, 64, wire.ALLREDUCE_INBOX)
+            if not stale:
+                break
+            dropped += len(stale)
+        if dropped:
+            log.debug("%d messages of the ended world dropped", dropped)
 
     def _count(self):
         progress = self._read_progress()

@@ -24,10 +24,14 @@ def mpiexec():
 
 
 def mpi_env(env):
-    """`env` for mpiexec: Open MPI refuses root unless told twice (containers and CI run as root)."""
+    """`env` for mpiexec: Open MPI refuses root unless told twice (containers and CI run as root); and a rank that
+    waits for its neighbour yields the core (mpi_yield_when_idle, unless the environment says otherwise). Open MPI
+    spins in a blocking Sendrecv, and ours waits on the exchange thread while the backward computes on the same
+    cores: on 2 cores, yielding trained 15-20 % more images a second at 2 workers (bench/scaling.py, 2 runs each)."""
     env = dict(env)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     return env
 
 
