@@ -38,8 +38,8 @@ def first_input(net, what):
     """The name of the net's first input blob; a net without one (a train_test net's Data layers) cannot take
     images, so say so instead of failing on net.inputs[0]."""
     if not net.inputs:
-        raise InferenceInputError("%s needs a deploy net whose first input takes the images (an Input layer); net '%s' "
-                         "has no input blobs" % (what, net.name))
+        raise InferenceInputError("%s needs a deploy net whose first input takes the images (an Input layer); "
+                                  "net '%s' has no input blobs" % (what, net.name))
     return net.inputs[0]
 
 
@@ -76,7 +76,7 @@ class Classifier(Net):
         if len(image_dims) != 2 or np.any(np.asarray(image_dims) < self.crop_dims):
             # Caffe would crop out of range and fail later on a shape mismatch; say it here
             raise InferenceInputError("image_dims %s must be (height, width) at least the net's input size %s"
-                             % (tuple(int(d) for d in image_dims), tuple(int(d) for d in self.crop_dims)))
+                                      % (tuple(int(d) for d in image_dims), tuple(int(d) for d in self.crop_dims)))
 
     def predict(self, inputs, oversample=True):
         """Class scores (the net's first output) of a list of HxWxK images: N x C, averaged over the ten crops of
