@@ -2,7 +2,7 @@
 
     python bench/scaling.py [--batches 2000] [--every 80] [--workers 1,2,4,8,16] [--modes sync,async,...]
                             [--compress 1bit,topk:0.01,...] [--lr-scaling linear,sqrt,none] [--images]
-                            [--threads 1] [--link RATE:DELAY] [--target 0.85]
+                            [--threads 1] [--link RATE:DELAY] [--target 0.85] [--servers 1,2,4]
                             [--timeout 1800]
                             [--out out/bench_scaling] [--plot <out>.png]
 
@@ -83,6 +83,10 @@ CPU per result r, when sync ran) and a model of a round:
 with B the link's bytes per second and L = 50 us a message's latency; images/s = 64 N / t. No overlap of the
 exchange with the backward is counted (a bound from below for all-reduce). The model is checked against the points
 measured here: its t at the measured N with B = infinity (one machine's memory) beside the measured one.
+Parameter server shards: `--servers 1,2,4` runs each mode with a central W (sync, async, partial-sync, weed-out,
+easgd, gradient-only) once per K, `train --servers K` (K shards, each merging a K-th of W at a redis-server of its
+own; K = 1: the master merges W, with one redis-server), a row each, and prints, per mode and N, each K's hub
+bytes/merge over K = 1's against the issue's bound, 1.2 / K.
 A smoke run (a minute or two): --batches 200 --every 20 --workers 1,2 --modes async,sync [--target 0.75].
 """
 import argparse
@@ -144,13 +148,13 @@ def worker_counts(args, cores):
     return kept
 
 
-def new_run(args, kind, n, threads, mode=None, compress=None, scaling=None):
+def new_run(args, kind, n, threads, mode=None, compress=None, scaling=None, servers=None):
     """A run: kind 'single' (one process), 'ddp' or 'ours' (a distributed mode, its results sent as --compress
-    says when given, its rate scaled by --lr-scaling `scaling` where the mode takes it), on n processes or
-    workers."""
+    says when given, its rate scaled by --lr-scaling `scaling` where the mode takes it, its W merged by `servers`
+    shards where given), on n processes or workers."""
     name = {"single": "1 process, %d thread%s" % (threads, "" if threads == 1 else "s"),
             "ddp": "DDP N=%d" % n, "ours": "%s N=%d" % (mode, n)}[kind] + (" %s" % compress if compress else "") \
-        + (" lr-scaling %s" % scaling if scaling else "")
+        + (" lr-scaling %s" % scaling if scaling else "") + (" servers=%d" % servers if servers else "")
     # Batches of 64 per solver iteration / merge / DDP step: N of them where all N move together, tau each.
     if kind != "ours":
         per_iter = n if kind == "ddp" else 1
@@ -161,7 +165,7 @@ def new_run(args, kind, n, threads, mode=None, compress=None, scaling=None):
         print("bench: %s: --batches %d and --every %d are not multiples of %d: rounded, so its images differ a little"
               % (name, args.batches, args.every, per_iter), flush=True)
     return {"name": name, "kind": kind, "n": n, "mode": mode, "compress": compress, "scaling": scaling,
-            "threads": threads,
+            "servers": servers, "threads": threads,
             "images_per_iter": BATCH * per_iter,
             "max_iter": max(1, round(args.batches / per_iter)), "every": max(1, round(args.every / per_iter)),
             "dir": args.out / re.sub(r"[^\w.=-]+", "_", name)}
@@ -178,17 +182,23 @@ def takes_compress(mode):
     return mode in DECLARED and any(option.name == "compress" for option in DECLARED[mode].OPTIONS)
 
 
+def takes_servers(mode):
+    from pycaffe_dist.distributed.data_parallel.shard import SHARDED_MODES
+    return mode in SHARDED_MODES
+
+
 def takes_scaling(mode):
     from pycaffe_dist.distributed.data_parallel.modes import MODES as DECLARED
     return mode in DECLARED        # the data-parallel modes; not sandblaster or the pipeline
 
 
 def series(run):
-    """What a run is a point of in the plots: its mode (codec, lr scaling), or its kind."""
+    """What a run is a point of in the plots: its mode (codec, lr scaling, shards), or its kind."""
     if not run["mode"]:
         return run["kind"]
     return run["mode"] + (" " + run["compress"] if run["compress"] else "") + \
-        (" lr-scaling " + run["scaling"] if run.get("scaling") else "")
+        (" lr-scaling " + run["scaling"] if run.get("scaling") else "") + \
+        (" servers=%d" % run["servers"] if run.get("servers") else "")
 
 
 def plan(args, counts):
@@ -201,10 +211,11 @@ def plan(args, counts):
             thread_counts.add(n * args.threads)
             runs.append(new_run(args, "single", 1, n * args.threads))
         runs.append(new_run(args, "ddp", n, args.threads, scaling="linear"))
-        runs += [new_run(args, "ours", n, args.threads, mode, compress, scaling) for mode in args.modes
+        runs += [new_run(args, "ours", n, args.threads, mode, compress, scaling, servers) for mode in args.modes
                  for compress in (args.compress if takes_compress(mode) else [None])
                  for scaling in (args.lr_scaling if takes_scaling(mode) and args.lr_scaling != ["linear"]
-                                 else [None])]
+                                 else [None])
+                 for servers in (args.servers if takes_servers(mode) and not compress else [None])]
     if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
         runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
     return runs
@@ -282,6 +293,8 @@ def start(run, solver_path, args):
             cmd += ["--compress", run["compress"]]
         if run.get("scaling"):
             cmd += ["--lr-scaling", run["scaling"]]
+        if run.get("servers"):
+            cmd += ["--servers", str(run["servers"])]
     return [popen(cmd, child_env(run["threads"]), "output.log")]
 
 
@@ -562,6 +575,30 @@ def projection(runs, args):
     return "\n".join(lines)
 
 
+SHARDS_BOUND = 1.2         # the issue's: K shards' hub bytes per merge <= 1.2 / K of one server's
+
+
+def shards_report(runs):
+    """Per mode and N: each --servers K's hub bytes per merge over --servers 1's, against SHARDS_BOUND / K."""
+    lines = []
+    for run in runs:
+        k = run.get("servers")
+        if not k or k == 1:
+            continue
+        one = next((r for r in runs if r["mode"] == run["mode"] and r["n"] == run["n"] and r.get("servers") == 1
+                    and r.get("scaling") == run.get("scaling")), None)
+        hub = (run.get("stats") or {}).get("hub_bytes_per_merge")
+        base = one and (one.get("stats") or {}).get("hub_bytes_per_merge")
+        if not hub or not base:
+            lines.append("- %s: not measured (it or its servers=1 run has no hub_bytes_per_merge)" % run["name"])
+            continue
+        r = hub / base
+        lines.append("- %s: hub bytes/merge %.0f = %.3f x servers=1's %.0f, bound %.3f: %s"
+                     % (run["name"], hub, r, base, SHARDS_BOUND / k, "met" if r <= SHARDS_BOUND / k else "NOT MET"))
+    return "\n".join(["Shards (hub bytes per merge against --servers 1, bound %.1f / K):" % SHARDS_BOUND] + lines) \
+        if lines else ""
+
+
 def ratio(run, ref):
     t, base = run["time_to_target_s"], ref and ref["time_to_target_s"]
     return t / base if t is not None and base else None
@@ -759,6 +796,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="threads of each worker and DDP rank (default 1)")
     ap.add_argument("--link", metavar="RATE:DELAY", help="passed to our distributed runs as `train --link`")
     ap.add_argument("--target", type=float, default=0.85, help="the test accuracy to time (default 0.85)")
+    ap.add_argument("--servers", help="comma list of K: each mode with a central W runs once per K with `train "
+                    "--servers K` (default: train's own choice, one row)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds after which a run is stopped (failed)")
     ap.add_argument("--out", default="out/bench_scaling", help="run directories (relative: to the repo root)")
     ap.add_argument("--plot", help="PNG to write (relative: to the repo root; default <out>.png, "
@@ -785,6 +824,9 @@ def main():
     bad = [problem for problem in map(check_policy, args.lr_scaling) if problem]
     if bad:
         raise SystemExit("bench: --lr-scaling %s" % bad[0])
+    args.servers = [int(k) for k in args.servers.split(",") if k.strip()] if args.servers else []
+    if any(k < 1 for k in args.servers):
+        raise SystemExit("bench: --servers takes counts of at least 1")
     args.out = pathlib.Path(args.out) if os.path.isabs(args.out) else REPO / args.out
     plot_path = pathlib.Path(args.plot) if args.plot else args.out.with_suffix(".png")
     plot_path = plot_path if plot_path.is_absolute() else REPO / plot_path
@@ -818,11 +860,15 @@ def main():
     print(verdict(runs, args))
     print()
     print(projection(runs, args))
+    shards = shards_report(runs)
+    if shards:
+        print()
+        print(shards)
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, args, plot_path)
     keep = ("name", "kind", "n", "mode", "compress", "threads", "images_per_iter", "max_iter", "every", "rc", "error",
             "wall_s", "points", "time_to_target_s", "images_to_target", "scaling", "final_accuracy", "diverged",
-            "images_per_s", "master_images_per_s", "exchange_share", "stats")
+            "images_per_s", "master_images_per_s", "exchange_share", "stats", "servers")
     raw = {"batches": args.batches, "every": args.every, "threads": args.threads, "link": args.link,
            "cores": args.cores, "target_accuracy": args.target, "training_s": training_s,
            "runs": [dict({k: run.get(k) for k in keep}, dir=str(run["dir"])) for run in runs]}

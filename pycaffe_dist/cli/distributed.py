@@ -37,6 +37,12 @@ def add_mode_flags(parser):
                         "worker counts as gone (default 5)")
 
 
+def add_servers_flag(parser, default):
+    parser.add_argument("--servers", type=int, metavar="K", help="parameter server shards: K processes, each "
+                        "merging one K-th of W at its own Redis server (one Redis URL each), so that no process "
+                        "moves more than 1/K of a merge's bytes; modes with a central W " + default)
+
+
 def add_python_layers_flag(parser):
     parser.add_argument("--python-layers", metavar="MODULE[,MODULE]", help="modules this process may import for "
                         "the Python layers of a job read from Redis (none by default: no code comes from Redis; "
@@ -73,6 +79,7 @@ def add_train_flags(parser):
                         "are sharded over them)")
     parser.add_argument("--redis-servers", type=int, help="private redis-servers to shard the weights over "
                         "(default: workers // 2, at least 1, at most 4)")
+    add_servers_flag(parser, "(default: picked from the workers and the net's size, and said)")
     parser.add_argument("--job", help="distributed job id (default: generated)")
     parser.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
     parser.add_argument("--stats", help="distributed: write the master's summary (rates, tests) to this JSON file")
@@ -138,12 +145,40 @@ def cmd_train_distributed(args):
     if any(i >= args.workers for i in slow):
         raise PycaffeDistError("--slow-worker names worker %d, but the workers are 0 to %d"
                                % (max(slow), args.workers - 1))
+    settings.servers = chosen_servers(args, settings.mode, resolved)
     return run_launched_job(
         lambda progress, sink: launch.run_local(
             settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
             gpus=select.parse_gpus(args.gpu), private_redis=args.redis is None, link=link, slow_workers=slow,
-            redis_servers=args.redis_servers),
+            # --servers 1 given: one parameter server, the master with its one redis-server
+            redis_servers=args.redis_servers or (1 if args.servers == 1 else None)),
         "the master and the workers", "the master", args)
+
+
+def chosen_servers(args, mode, options):
+    """--servers, checked, or the one-machine default (shards.default_servers), said in a line."""
+    from ..distributed.data_parallel import shards
+    if args.servers is not None:
+        if args.servers < 1:
+            raise PycaffeDistError("--servers must be at least 1, got %d" % args.servers)
+        if args.servers > 1 and args.redis_servers is not None and args.redis_servers != args.servers:
+            raise PycaffeDistError("--servers %d runs one private redis-server per shard: no --redis-servers %d "
+                                   "with it" % (args.servers, args.redis_servers))
+        from ..io.load import read_solver
+        urls = args.redis.split(",") if args.redis is not None else ["private"] * args.servers
+        shards.check_shardable(mode, options, read_solver(args.solver), args.servers, urls)   # before any start
+        return args.servers
+    if mode not in shards.SHARDED_MODES or args.redis is not None or args.redis_servers is not None \
+            or options.get("compress", "none") != "none":
+        return 1
+    try:
+        nbytes = shards.model_bytes(args.solver)
+    except PycaffeDistError:
+        return 1                # (the master says what is wrong with the net, in its one line)
+    servers, why = shards.default_servers(args.workers, nbytes)
+    print("[servers] %d parameter server%s (%s)" % (servers, "" if servers == 1 else " shards", why), file=sys.stderr,
+          flush=True)
+    return servers
 
 
 def checked_link(args):
@@ -211,7 +246,7 @@ def cmd_master(args):
                             weights=args.weights, threads=args.threads or 1, heartbeat_s=args.heartbeat,
                             join_timeout_s=args.join_timeout, keep=args.keep, max_iter=args.iterations,
                             stats_path=args.stats, retry_s=args.redis_retry, log=args.log,
-                            python_layers=modules_flag(args.python_layers))
+                            python_layers=modules_flag(args.python_layers), servers=args.servers or 1)
     metrics_flags.check(args)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = Master(settings)
@@ -248,6 +283,18 @@ def cmd_worker(args):
         stats["pulls_by_update"], stats["whole_pulls"]) if "pulls_by_update" in stats else ""
     print("worker %s: %d rounds, %d images%s" % (worker.id, stats["rounds"], stats["images"], by_update),
           file=sys.stderr)
+    return 0
+
+
+def cmd_shard(args):
+    """A parameter server shard: merges its slice of W as its master's events say (data_parallel/shard.py)."""
+    from ..distributed.data_parallel.shard import Shard
+    from ..solver import training_log
+    training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
+    shard = Shard(args.redis, args.job, args.index, wait_for_job_s=args.wait, master_timeout_s=args.master_timeout,
+                  retry_s=args.redis_retry)
+    stats = shard.run()
+    print("shard %d: W published at merge %d" % (args.index, stats["merges"]), file=sys.stderr)
     return 0
 
 
@@ -294,8 +341,10 @@ def add_verbs(verbs):
     p.add_argument("--weights", help=".caffemodel to start the weights from")
     p.add_argument("--iterations", type=int, help="merges to run (overrides the solver's max_iter)")
     p.add_argument("--threads", type=int, help="CPU threads of the master (tests; default 1)")
-    p.add_argument("--join-timeout", type=float, default=300.0, help="seconds to wait for the workers before "
-                   "starting with those there (default 300)")
+    p.add_argument("--join-timeout", type=float, default=300.0, help="seconds to wait for the workers (and the "
+                   "shards) before starting with those there (default 300)")
+    add_servers_flag(p, "(default 1: this master merges W; with K, start `dist_caffe shard --index S` for each "
+                     "S < K, at any host that reaches the servers)")
     p.add_argument("--keep", action="store_true", help="keep the job's keys on Redis at the end")
     p.add_argument("--stats", help="write a summary (rates, tests) to this JSON file")
     p.add_argument("--log", help="also write the log lines to this file")
@@ -322,6 +371,17 @@ def add_verbs(verbs):
     add_patience_flags(p)
     p.add_argument("--ring", type=ring_place, help=argparse.SUPPRESS)     # RANK/SIZE/WORLD: a world on sockets
     p.set_defaults(func=cmd_worker)
+
+    p = verbs.add_parser("shard", help="a parameter server shard of a distributed job on Redis (master --servers K)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s), as the master's")
+    p.add_argument("--job", help="job id (default: the only job on the server)")
+    p.add_argument("--index", type=int, required=True, help="which shard: S of 0 to K-1, the slice of W on the "
+                   "S-th Redis server")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job to be published "
+                   "(default 60)")
+    p.add_argument("--python-layers", help=argparse.SUPPRESS)     # (a shard builds no net: what train hands all)
+    add_patience_flags(p)
+    p.set_defaults(func=cmd_shard)
 
     p = verbs.add_parser("status", help="a distributed job's workers, rates, iteration, last test and snapshots")
     p.add_argument("--redis", default="redis://127.0.0.1:6379", help="Redis URL(s)")

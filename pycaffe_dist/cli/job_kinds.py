@@ -114,7 +114,8 @@ KINDS = (
         Check(lambda args: [] if args.workers is None or args.workers >= 1 else ["--workers"],
               "--workers must be at least 1"),
         Check(_allreduce_refuses, "%s: not options of mode allreduce (it takes --lr-scaling, --lr-warmup, --lars)"),
-        Check(lambda args: _given(args, ("pipeline", "micro_batches", "redis", "redis_servers", "slow_worker")),
+        Check(lambda args: _given(args, ("pipeline", "micro_batches", "redis", "redis_servers", "servers",
+                                             "slow_worker")),
               ON_THIS_MACHINE.format("--mode allreduce", "workers"), each=True),
     ), _run_allreduce),
     Kind("Sandblaster", lambda args: args.mode == "sandblaster", (
@@ -122,7 +123,7 @@ KINDS = (
         Check(lambda args: [] if args.workers is not None else ["--workers"],
               "--mode sandblaster trains on workers: give --workers N"),
         Check(_mode_options, _sandblaster_takes),
-        Check(lambda args: _given(args, ("pipeline", "micro_batches", "redis", "redis_servers")),
+        Check(lambda args: _given(args, ("pipeline", "micro_batches", "redis", "redis_servers", "servers")),
               ON_THIS_MACHINE.format("--mode sandblaster", "workers"), each=True),
     ), _run_sandblaster),
     Kind("a pipeline", lambda args: args.pipeline is not None or args.micro_batches is not None, (
@@ -132,7 +133,7 @@ KINDS = (
         Check(lambda args: _given(args, ("workers", "mode")) + _mode_options(args),
               "--pipeline with data-parallel --workers/--mode: K stages x N replicas is not supported yet; give one "
               "of them"),
-        Check(lambda args: _given(args, ("redis", "redis_servers", "slow_worker")),
+        Check(lambda args: _given(args, ("redis", "redis_servers", "servers", "slow_worker")),
               ON_THIS_MACHINE.format("--pipeline", "stages"), each=True),
     ), _run_pipeline),
     Kind("data-parallel workers", lambda args: _given(args, ("workers", "mode", "redis")) != [], (

@@ -155,8 +155,7 @@ class JobProcess:
         self.last_master = time.monotonic()
         try:
             self._build()
-            self.store.send_to_master(dict(self.identity(), type="ready", host=socket.gethostname(),
-                                           address=local_address(self.store.urls[0]), pid=os.getpid()))
+            self._say_ready()
             self._ready_line()
             self._main()
         except Stopped:
@@ -174,6 +173,11 @@ class JobProcess:
             except StoreError:
                 pass
         return self.stats
+
+    def _say_ready(self):
+        """Tell the master this process is ready (built): a ready message in its inbox."""
+        self.store.send_to_master(dict(self.identity(), type="ready", host=socket.gethostname(),
+                                       address=local_address(self.store.urls[0]), pid=os.getpid()))
 
     def _tell_master(self, text):
         try:

@@ -187,16 +187,21 @@ def run_local(settings, worker_threads=1, progress=None, sink=None, stop_timeout
     text, `RATE:DELAY`), worker i runs in network namespace i behind an emulated link of that shape and the
     private server listens on the hub's address (links.EmulatedLinks); it needs private_redis and root.
     `slow_workers`: {worker index: seconds it sleeps after every round} (stragglers on purpose). `redis_servers`:
-    how many private servers the blobs are sharded over (default: default_redis_servers)."""
+    how many private servers the blobs are sharded over (default: default_redis_servers). With settings.servers K >
+    1, K parameter server shards (data_parallel/shard.py) start beside the servers, one per server, so there are K."""
     slow_workers = slow_workers or {}
+    shards = settings.servers if settings.servers > 1 else 0
 
-    def worker(i, redis_url, job):
+    def process(i, redis_url, job):
+        if i < shards:
+            return "shard %d" % i, ["shard", "--redis", redis_url, "--job", job, "--index", str(i)]
+        i -= shards
         extra = _gpu_argv(gpus, i) + (["--delay", str(slow_workers[i])] if i in slow_workers else [])
         return "worker %d" % i, ["worker", "--redis", redis_url, "--job", job, "--id", str(i),
                                  "--threads", str(worker_threads)] + extra
-    return _launch(settings, "master", settings.workers, worker, "local", worker_threads, progress, sink,
+    return _launch(settings, "master", settings.workers, process, "local", worker_threads, progress, sink,
                    stop_timeout_s, private_redis=private_redis, link=link,
-                   redis_servers=redis_servers or default_redis_servers(settings.workers))
+                   redis_servers=shards or redis_servers or default_redis_servers(settings.workers), beside=shards)
 
 
 def run_pipeline_local(settings, threads=1, progress=None, sink=None, stop_timeout_s=60.0, link=None, gpus=()):
@@ -260,10 +265,11 @@ def _allowing(host_argv, modules):
 
 
 def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress, sink, stop_timeout_s,
-            private_redis=True, link=None, redis_servers=1, link_hosts=None):
+            private_redis=True, link=None, redis_servers=1, link_hosts=None, beside=0):
     """What the kinds of job share: links (if any), private servers, the master (`master_verb`, its settings as
-    JSON on its standard input) and `hosts` processes, `host_argv(i, redis_url, job)` -> (name, argv after
-    `python -m pycaffe_dist`), supervised to the end and cleaned up whatever happens; the master's exit code.
+    JSON on its standard input) and `beside` + `hosts` processes, `host_argv(i, redis_url, job)` -> (name, argv after
+    `python -m pycaffe_dist`), supervised to the end and cleaned up whatever happens; the master's exit code. The
+    first `beside` (parameter server shards) run beside the servers, the `hosts` after them behind the links.
     `link_hosts`: links for processes the master starts itself (all-reduce's workers), their command prefixes
     handed to it as settings.namespaces."""
     sink = sink or print_line
@@ -316,9 +322,9 @@ def _launch(settings, master_verb, hosts, host_argv, job_kind, threads, progress
         # keeps it on disk if Redis is gone first) and the workers and the servers end.
         children.append(Child("master", die_with_launcher(signal.SIGTERM) + python + [master_verb, "--settings", "-"],
                               env, sink, settings.to_json()))
-        for i in range(hosts):
+        for i in range(beside + hosts):
             name, argv = host_argv(i, redis_url, job)
-            where = links.prefix(i) if links is not None else []
+            where = links.prefix(i - beside) if links is not None and i >= beside else []
             children.append(Child(name, where + die_with_launcher(signal.SIGTERM) + python + argv, env, sink))
         # The launcher watches the job itself (the progress line); the private server's password is in its URL.
         watch_url = server.url.replace("://", "://:%s@" % server.password, 1) if server is not None else user_url

@@ -33,6 +33,14 @@ here, with its methods:
   hist:{k}:{s}        the master's history set k (gradient-only; local-sgd), as W  put_history, get_history
   U:{s}               the last round's compressed change of W (sync, local-sgd     put_update, get_update
                       with --compress; broadcast.py): its payload
+  go:shard{s}         list: the master's events to parameter server shard s        reply_to_each, next_reply
+                      (--servers K; data_parallel/shards.py, shard.py)
+  go:shards           list: what the shards tell their master (hello, flushed)    reply_to, next_reply
+  W:{s}, x:{w}:{s},   a shard's own server's slice of each blob set (where its     put_weights_slice,
+  hist:{k}:{s}        floats lie: layout)                                          get_weights_slice,
+                                                                                   get_result_slice,
+                                                                                   put_history_slice,
+                                                                                   get_history_slice
   -- Sandblaster (SandblasterStore, sandblaster/keys.py) --
   go:units            list: the evaluations' work units                           hand_out, next_unit
   x:sum{w}:{s}        worker w's gradient sums of its last push                   put_sums, get_sums
@@ -514,26 +522,41 @@ class Store:
 
         def write(server):
             count, pieces = layout[server]
-            key = self._blob_key(kind, server, owner).encode()
-            value = [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, HEADER + 4 * count),
-                     np.uint64(version).astype("<u8").tobytes()]
-            value += [memoryview(flat[i][start:stop]).cast("B") for i, start, stop, _ in pieces] + [b"\r\n"]
-
-            self._count("sent", 4 * count)
-
-            def send(conn):
-                if server == 0 and state is not None:
-                    fields = [x for k, v in state.items() for x in (k, v)]
-                    conn.send([command("MULTI")] + value + [command("HSET", self.key("state"), *fields),
-                                                             command("EXEC")])
-                    for _ in range(3):              # OK, QUEUED, QUEUED
-                        conn.reply()
-                    conn.reply()                    # EXEC's replies (an error in them was raised as one)
-                else:
-                    conn.send(value)
-                    conn.reply()
-            self._call(self._links[server].call, send, url=self.urls[server], key=key.decode())
+            self._write_on(server, kind, [flat[i][start:stop] for i, start, stop, _ in pieces], count, version,
+                           owner, state if server == 0 else None)
         self._on_every_server(write)
+
+    def layout(self, shapes):
+        """Where the blobs of `shapes` lie on the servers (see _layout): a shard's slice is server s's."""
+        return self._layout(shapes)
+
+    def _put_slice(self, kind, server, flat, version=0, owner=None, state=None):
+        """Server `server`'s slice of blobs `kind` (of `owner`): `flat`, the slice's floats (a parameter server's
+        shard writes only its own, data_parallel/shard.py); `state` as _put_blobs' (server 0 only)."""
+        self._write_on(server, kind, [np.ascontiguousarray(flat, "<f4").reshape(-1)], flat.size, version, owner,
+                       state)
+
+    def _write_on(self, server, kind, pieces, count, version, owner, state):
+        """One server's SET of a blob value: the version, then `pieces` (float32 arrays, `count` floats in all)
+        sent from their own memory; with `state`, in one transaction with the first server's hash `state`."""
+        key = self._blob_key(kind, server, owner).encode()
+        value = [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, HEADER + 4 * count),
+                 np.uint64(version).astype("<u8").tobytes()]
+        value += [memoryview(piece).cast("B") for piece in pieces] + [b"\r\n"]
+        self._count("sent", 4 * count)
+
+        def send(conn):
+            if state is not None:
+                fields = [x for k, v in state.items() for x in (k, v)]
+                conn.send([command("MULTI")] + value + [command("HSET", self.key("state"), *fields),
+                                                         command("EXEC")])
+                for _ in range(3):              # OK, QUEUED, QUEUED
+                    conn.reply()
+                conn.reply()                    # EXEC's replies (an error in them was raised as one)
+            else:
+                conn.send(value)
+                conn.reply()
+        self._call(self._links[server].call, send, url=self.urls[server], key=key.decode())
 
     def _get_blobs(self, kind, shapes, owner=None, out=None, missing_ok=False):
         """Read blobs `kind` of the given shapes into new arrays (or `out`); returns (arrays, version), or
@@ -548,29 +571,8 @@ class Store:
 
         def read(server):
             count, pieces = layout[server]
-            key, size = self._blob_key(kind, server, owner), HEADER + 4 * count
-            version = bytearray(HEADER)
-            views = [memoryview(version)] + [memoryview(flat[i][start:stop]).cast("B") for i, start, stop, _ in pieces]
-
-            def fetch(conn):
-                conn.send([command("GETRANGE", key, 0, size)])
-                return conn.bulk_into(views)
-            try:
-                length = self._call(self._links[server].call, fetch, url=self.urls[server], key=key)
-            except TooLong as exc:
-                length = exc.length
-            self._count("received", length)
-            if length == 0:
-                if missing_ok:
-                    return None
-                raise StoreError("job %s: %s is missing from Redis (was the server restarted or the job removed?)"
-                                 % (self.job, key))
-            if length != size:
-                raise DamagedData("job %s: %s holds %s bytes but blobs %s need %d there: the job's data on Redis "
-                                  "is damaged" % (
-                    self.job, key, "more than %d" % size if length > size else length,
-                    ", ".join("x".join(map(str, s)) for s in shapes), size))
-            return int(np.frombuffer(version, "<u8", 1)[0])
+            return self._read_on(server, kind, [flat[i][start:stop] for i, start, stop, _ in pieces], count, owner,
+                                 missing_ok, shapes)
         for _ in range(50):
             versions = self._on_every_server(read)
             if None in versions:
@@ -579,6 +581,37 @@ class Store:
                 return arrays, versions[0]
         raise StoreError("job %s: blobs %s keep changing while being read" % (self.job, kind))
 
+    def _get_slice(self, kind, server, out, owner=None, missing_ok=False):
+        """Server `server`'s slice of blobs `kind` (of `owner`) read into `out` (a flat float32 array of the
+        slice's size); its version, or None when absent and missing_ok."""
+        return self._read_on(server, kind, [out], out.size, owner, missing_ok, None)
+
+    def _read_on(self, server, kind, pieces, count, owner, missing_ok, shapes):
+        """One server's GETRANGE of a blob value into `pieces` (float32 views, `count` floats in all); its version,
+        or None when absent and missing_ok. `shapes`: the blob set's, for the message of a value of another size."""
+        key, size = self._blob_key(kind, server, owner), HEADER + 4 * count
+        version = bytearray(HEADER)
+        views = [memoryview(version)] + [memoryview(piece).cast("B") for piece in pieces]
+
+        def fetch(conn):
+            conn.send([command("GETRANGE", key, 0, size)])
+            return conn.bulk_into(views)
+        try:
+            length = self._call(self._links[server].call, fetch, url=self.urls[server], key=key)
+        except TooLong as exc:
+            length = exc.length
+        self._count("received", length)
+        if length == 0:
+            if missing_ok:
+                return None
+            raise StoreError("job %s: %s is missing from Redis (was the server restarted or the job removed?)"
+                             % (self.job, key))
+        if length != size:
+            what = ("blobs %s need" % ", ".join("x".join(map(str, s)) for s in shapes) if shapes is not None
+                    else "its slice of %d floats needs" % count)
+            raise DamagedData("job %s: %s holds %s bytes but %s %d there: the job's data on Redis is damaged" % (
+                self.job, key, "more than %d" % size if length > size else length, what, size))
+        return int(np.frombuffer(version, "<u8", 1)[0])
 
 def _key_in(text):
     """The job's key a Redis error names (a pipeline's error quotes its failed command: "Command # 1 (LRANGE key

@@ -215,3 +215,54 @@ NOTICE = {"count": required(COUNT), "batch": required(COUNT), "micro": required(
 FLOW = Schema("a pipeline stage's queue", "kind", {
     "forward": NOTICE, "backward": NOTICE, "halt": {"count": required(COUNT)},
 })
+
+# pcd:{job}:go:shard{s}: a data-parallel master's events to its parameter server shard s (data_parallel/shard.py):
+# the rule's events in the master's order, each with the merges the master carried out after it ("m": [merge
+# count, the rate's scale] each), and, with "count", a flush (publish the slice of W at that merge count)
+SHARD = integer(0, 1 << 10)
+
+
+def _merge_done(value):
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError("a [merge count, rate scale] pair")
+    return [COUNT(value[0]), number(1e-9, 1e9)(value[1])]
+
+
+MERGES = list_of(_merge_done)
+SHARD_EVENT = Schema("a shard's events", "e", {
+    "start": {"workers": required(list_of(worker_id)), "slots": required(list_of(COUNT)), "m": required(MERGES)},
+    "join": {"worker": required(worker_id), "slot": required(COUNT), "m": required(MERGES)},
+    "result": {"worker": required(worker_id), "staleness": required(integer(1)), "m": required(MERGES)},
+    "lost": {"worker": required(worker_id), "m": required(MERGES)},
+    "restart": {"workers": required(list_of(worker_id)), "slots": required(list_of(COUNT)),
+                "from_weights": required(flag), "m": required(MERGES)},
+    "more": {"m": required(MERGES)},
+    "keep": {"count": required(COUNT), "kept": required(list_of(COUNT))},
+    "restore": {"count": required(COUNT)},
+    "history": {"count": required(COUNT)},
+    "revert": {},
+})
+
+
+def shard_event(value):
+    try:
+        return SHARD_EVENT.check(value, "an event")
+    except BadMessage as exc:
+        raise ValueError(str(exc)) from None
+
+
+SHARD_QUEUE = Schema("a parameter server shard's queue", "status", {
+    "events": {"seq": required(COUNT), "events": required(list_of(shard_event)), "count": optional(COUNT),
+               "force": optional(flag)},
+    "stop": {"why": optional(text(ERROR_LIMIT))},
+})
+
+# pcd:{job}:go:shards: what the shards tell their master
+SHARD_NEWS = Schema("the shards' news to their master", "status", {
+    "hello": dict(WHO, shard=required(SHARD), sent=required(COUNT), received=required(COUNT),
+                  cpu_s=required(SECONDS)),
+    "flushed": {"shard": required(SHARD), "seq": required(COUNT), "bad": optional(text(ERROR_LIMIT)),
+                "published": optional(COUNT), "sent": required(COUNT), "received": required(COUNT),
+                "cpu_s": required(SECONDS)},
+    "error": {"shard": required(SHARD), "error": optional(text(ERROR_LIMIT))},
+})

@@ -1,7 +1,8 @@
 """The Ansible deployment (tools/ansible/), for real: lint and syntax checks, then a deployment onto this machine
 of three hosts kept apart (own directories and ports; own network namespaces joined by a bridge where the kernel
 lets us make them, so that Redis is reached at an address that is not 127.0.0.1), LeNet on Fashion-MNIST with 2
-workers in EASGD mode, teardown bringing back the logs and the snapshot."""
+workers in EASGD mode, teardown bringing back the logs and the snapshot; once with one Redis host, once with two,
+each with a parameter server shard beside it (the master's --servers 2)."""
 import json
 import os
 import pathlib
@@ -76,8 +77,10 @@ def _remove_namespaces():
 
 
 @pytest.fixture
-def fleet(tmp_path):
-    """The inventory (three local hosts), the vault with the Redis password, and the address Redis listens on."""
+def fleet(tmp_path, request):
+    """The inventory (three local hosts), the vault with the Redis password, and the address Redis listens on.
+    With request.param 2: a second Redis server on beta, and a parameter server shard beside each."""
+    shards = getattr(request, "param", 1)
     isolated = _make_namespaces()
     password = secrets.token_urlsafe(24)
     port = 16379 + secrets.randbelow(1000)
@@ -89,6 +92,10 @@ def fleet(tmp_path):
         if isolated:
             hosts[host]["pcd_exec_prefix"] = ["ip", "netns", "exec", "pcd-" + host]
     hosts["alpha"].update(redis_bind=redis_host, redis_port=port)
+    redis_hosts = {"alpha": hosts["alpha"]}
+    if shards == 2:
+        hosts["beta"].update(redis_bind=SUBNET + ".11" if isolated else "127.0.0.1", redis_port=port + 1)
+        redis_hosts["beta"] = hosts["beta"]
     inventory = {"all": {
         "vars": {"pcd_job": "deploy-test", "pcd_mode": "easgd", "pcd_tau": 2, "pcd_mode_options": {"moving-rate": 0.5},
                  "pcd_solver": "prototxt/lenet_solver.prototxt", "pcd_net": "prototxt/lenet_train_test.prototxt",
@@ -96,7 +103,7 @@ def fleet(tmp_path):
                  "pycaffe_dist_python": sys.executable, "pycaffe_dist_system_site_packages": True,
                  "pycaffe_dist_wheel_dir": str(tmp_path / "wheels"), "redis_password": "{{ vault_redis_password }}",
                  "pcd_collect_dir": str(tmp_path / "collected")},
-        "children": {"redis": {"hosts": {"alpha": hosts["alpha"]}}, "master": {"hosts": {"alpha": {}}},
+        "children": {"redis": {"hosts": redis_hosts}, "master": {"hosts": {"alpha": {}}},
                      "workers": {"hosts": {"beta": hosts["beta"], "gamma": hosts["gamma"]}}}}}
     (tmp_path / "inventory.yml").write_text(json.dumps(inventory, indent=1))   # JSON is YAML
     vault_key = tmp_path / "vault-password"
@@ -111,7 +118,7 @@ def fleet(tmp_path):
     (vars_dir / "vault.yml").write_text(encrypted.stdout)
     assert password not in (vars_dir / "vault.yml").read_text()
     yield {"dir": tmp_path, "password": password, "host": redis_host, "port": port, "isolated": isolated,
-           "vault_key": vault_key}
+           "vault_key": vault_key, "shards": shards}
     _run(["ansible-playbook", "-i", tmp_path / "inventory.yml", ANSIBLE / "teardown.yml", "--vault-password-file",
           vault_key], env=_ansible_env(), timeout=300)
     if isolated:
@@ -127,6 +134,7 @@ def _playbook(fleet, name):
 
 
 @pytest.mark.skipif(not IDX.is_dir(), reason="needs dataset-fashion-mnist (.ci/run installs it)")
+@pytest.mark.parametrize("fleet", [1, 2], indirect=True, ids=["one-redis", "two-shards"])
 def test_deploy_train_and_tear_down_on_three_local_hosts(fleet):
     import redis
     _playbook(fleet, "site.yml")
@@ -148,6 +156,7 @@ def test_deploy_train_and_tear_down_on_three_local_hosts(fleet):
     collected = root / "collected"
     stats = json.loads((collected / "alpha" / "master.json").read_text())
     assert stats["count"] == 300 and set(stats["workers"]) == {"0", "1"}
+    assert stats["servers"] == fleet["shards"]          # two Redis hosts: a shard merging W's slice beside each
     accuracy = stats["tests"][-1]["scores"]["accuracy"]
     assert accuracy > 0.75, accuracy
     snapshot = collected / "alpha" / "lenet_iter_300.caffemodel"

@@ -78,6 +78,20 @@ def test_blobs_shard_over_servers_in_equal_slices(redis_server, monkeypatch, ser
         assert not clients[1].exists("pcd:sharded:state")          # every key but the blobs: on the first
         store.put_result("7", _arrays(3), 1)
         assert all(np.array_equal(a, b) for a, b in zip(_arrays(3), store.get_result("7", SHAPES)))
+        # A parameter server shard reads and writes its own server's slice: the blobs end to end, cut at the layout.
+        flat = np.concatenate([a.reshape(-1) for a in arrays])
+        layout, start = store.layout(SHAPES), 0
+        for k, (count, pieces) in enumerate(layout):
+            out = np.empty(count, np.float32)
+            assert store.get_weights_slice(k, out) == 4 and np.array_equal(out, flat[start:start + count])
+            assert pieces[0][3] == 0 and sum(stop - begin for _, begin, stop, _ in pieces) == count
+            store.put_weights_slice(k, out + 1, 9, current_step=3)
+            start += count
+        got, version = store.get_weights(SHAPES)
+        assert version == 9 and all(np.array_equal(a + 1, b) for a, b in zip(arrays, got))
+        assert store.master_state() == {"count": 9, "current_step": 3}     # with the first shard's slice
+        with pytest.raises(StoreError, match=r"W:1 holds \d+ bytes but its slice of \d+ floats needs"):
+            store.get_weights_slice(1, np.empty(layout[1][0] + 1, np.float32))
         # A torn write (the slices of two versions) is not taken for W.
         clients[1].setrange("pcd:sharded:W:1", 0, np.uint64(5).tobytes())
         with pytest.raises(StoreError, match="keep changing while being read"):

@@ -49,6 +49,7 @@ from .modes import MODES, resolve_options
 from .modes.base import Average, Drop, Forget, Merge, Reply
 from .publisher import Publisher
 from .results import ResultReader
+from .shards import ReplayedRule, ShardedWeights, ShardLog, ShardsReverted, check_shardable
 from .weights import GlobalWeights, ResultLost, Staleness
 
 log = logging.getLogger("pycaffe_dist.solver")
@@ -71,6 +72,7 @@ class Settings(JsonSettings):
     options: dict = dataclasses.field(default_factory=dict)
     resume: bool = False
     python_layers: list = dataclasses.field(default_factory=list)  # modules a resumed job's spec may name
+    servers: int = 1            # parameter server shards merging W (shard.py); 1: this master merges it
 
 
 class Master(Coordinator):
@@ -91,14 +93,16 @@ class Master(Coordinator):
             self.store.claim_master(spec["heartbeat_s"], wait_s=spec["heartbeat_s"] + 1.0)
             param = jobs.solver_of(spec, self.store.key("job"))
             mode, options, workers = spec["mode"], spec["options"], spec["workers"]
+            servers = spec.get("servers", 1)
             self.heartbeat_s = spec["heartbeat_s"]
             if settings.max_iter is not None:
                 param.max_iter = settings.max_iter
             self._keep_records(param)
         else:
-            mode, workers = settings.mode, settings.workers
+            mode, workers, servers = settings.mode, settings.workers, settings.servers
             options = resolve_options(mode, settings.options)
             param = self._solver_param(settings)
+            check_shardable(mode, options, param, servers, [u for u in settings.redis.split(",") if u])
             self._open_job(settings, param, "resume it with --resume, or choose another --job")
         self.mode_name = self.kind = mode
         self.options, self.workers_wanted = options, int(workers)
@@ -117,6 +121,11 @@ class Master(Coordinator):
         # different merges, pull it whole
         self.updates = MasterUpdates(payloads, self.shapes) if payloads and self.rule.broadcasts_updates else None
         self.w = GlobalWeights(self.solver, self.reader, self.store, self.updates)     # W and what moves it
+        self.servers, self.shards = servers, None
+        if servers > 1:                         # the shards merge W; this master decides (shards.py)
+            self.shards = ShardLog(self.store, servers, self.heartbeat_s)
+            self.rule = ReplayedRule(self.rule, self.shards, self.slot)
+            self.w = ShardedWeights(self.solver, self.store, self.shards)
         self.count = 0
         self.epoch = None                       # the job's epoch on Redis, from its publish (publish_job) on
         self.merged_since_display, self.dropped_count = 0, 0
@@ -132,6 +141,10 @@ class Master(Coordinator):
                                    self.workers_wanted)
         self.spec["depth"] = self.rule.depth
         self.spec["updates"] = self.updates is not None
+        self.spec["servers"] = servers
+        if servers > 1:
+            self.spec["blob_rates"] = [[float(lr), float(decay)] for lr, decay in
+                                       zip(self.solver.net.params_lr, self.solver.net.params_weight_decay)]
 
     # --- state ----------------------------------------------------------------------------------------------
 
@@ -154,12 +167,27 @@ class Master(Coordinator):
         log.info("Resuming job %s from Redis at merge %d", self.job, self.count)
 
     def _save_history(self):
+        if self.shards is not None:             # (the shards hold it: they save their slices at the next flush)
+            self.shards.note("history", count=self.count)
+            return
         for k, history in enumerate(self.solver.history_sets()):
             self.store.put_history(k, history, self.count)
 
+    def _keep_copy(self):
+        """A copy of W for the rate's backoff (lr_scaling.Backoff): with shards, each keeps its slice."""
+        if self.shards is None:
+            self.backoff.keep(self.weights, self.count)
+            return
+        self.backoff.keep([], self.count)
+        self.shards.note("keep", count=self.count, kept=[count for count, _ in self.backoff.copies])
+
     def _flush(self):
         """Publish W (with the state, atomically) if it changed, then the queued replies (publisher.py). W is
-        checked first: merges of finite results can still overflow it."""
+        checked first: merges of finite results can still overflow it. With shards, they merge what this master
+        decided since the last flush and publish their slices first (shards.py)."""
+        if self.shards is not None:
+            self._flush_shards()
+            return
         if not self.w.dirty and not self.publisher.replies:
             return
         if not self.w.dirty:
@@ -171,6 +199,59 @@ class Master(Coordinator):
             update = self.updates.payload               # a new array each merge: the publisher may hold it
         self.publisher.publish(self.weights, (self.count, self.solver.position[1]), update)
         self.w.dirty = False
+
+    def _flush_shards(self):
+        if self.shards.records or self.w.dirty:
+            try:
+                self.shards.flush(self.count)
+            except ShardsReverted as exc:       # W on Redis is that of merge exc.count again, as _check_weights
+                self.count, self.w.dirty = exc.count, False
+                raise
+            self.w.dirty = False
+        if self.publisher.replies:
+            self.publisher.publish()            # (after every slice of the W the replies speak of)
+
+    def _start_shards(self):
+        """The shards start from the W (and history) this master publishes, once, itself."""
+        self.store.put_weights(self.weights, self.count, self.solver.position[1])
+        if self.rule.keeps_history:
+            for k, history in enumerate(self.solver.history_sets()):
+                self.store.put_history(k, history, self.count)
+        log.info("Waiting for %d parameter server shards", self.servers)
+        self.shards.wait_for_shards(self.join_timeout_s)
+        self.shards.published, self.w.dirty = self.count, False
+
+    def _gather(self, files_only=False):
+        """With shards: W (and gradient-only's history) read back from the servers, once every shard has merged
+        what this master decided; without, W is here. `files_only` (the job is failing): a shard that reverts, or
+        a Redis that is gone, leaves what can be read (or the W of the last test or snapshot, said in a line)."""
+        if self.shards is None:
+            return
+        if self.rule.keeps_history:
+            self._save_history()
+        try:
+            try:
+                self._flush_shards()
+            except ShardsReverted:
+                if not files_only:
+                    raise
+            except StoreError:
+                if not files_only:
+                    raise
+                self.shards.revert_live()       # (a shard is gone: its slice on Redis is still the last W's)
+            _, count = self.store.get_weights(self.shapes, out=self.weights)
+            if files_only:
+                self.count = count              # (after a revert: the last W every shard published)
+            for k, history in enumerate(self.solver.history_sets()):
+                arrays = self.store.get_history(k, self.shapes)
+                for h, a in zip(history, arrays if arrays is not None else ()):
+                    h[...] = a
+            self.solver.set_position(count, self.store.master_state().get("current_step", 0))
+        except StoreError as exc:
+            if not files_only:
+                raise
+            log.warning("The shards' W could not be read (%s): the snapshot holds the W of the last test or "
+                        "snapshot", exc)
 
     # --- the rate, the replies, the results ------------------------------------------------------------------
 
@@ -242,7 +323,7 @@ class Master(Coordinator):
         self.count += 1
         if scale > 1 and self.backoff.due(self.count):     # copies to back off to, at a scaled rate
             self._settle()                      # (gossip: W is the workers' mean only once settled)
-            self.backoff.keep(self.weights, self.count)
+            self._keep_copy()
         self.merged_since_display += 1
         self._add_loss(loss)
         self._after_merge()
@@ -267,6 +348,8 @@ class Master(Coordinator):
     def publish(self):
         self.epoch = self.store.publish_job(self.spec)
         self.store.master_heartbeat(self.heartbeat_s)
+        if self.shards is not None:
+            self._start_shards()
         self._flush()
         if self.resume:
             self._reset_live_workers()
@@ -302,6 +385,8 @@ class Master(Coordinator):
         if self.rule.keeps_history:
             self._save_history()
         self.w.dirty = True
+        if self.shards is not None:
+            self.shards.force_next = True       # their slices went with the server
         self.grace_until = time.monotonic() + self.heartbeat_s     # their heartbeat keys went too
         if self.started:
             self._reset_members()
@@ -370,6 +455,8 @@ class Master(Coordinator):
             return False
         merges, arrays = good
         self.publisher.wait()
+        if self.shards is not None:
+            self.shards.note("restore", count=merges)
         for w, a in zip(self.weights, arrays):
             np.copyto(w, a)
         self.solver.clear_history()             # the master's momentum (gradient-only) or outer momentum (local-sgd)
@@ -442,11 +529,13 @@ class Master(Coordinator):
         self.started_at = self.display_at = time.monotonic()
         self.cpu_at_start = (time.thread_time(), self.store.servers_cpu_s(), self.count)
         self.bytes_at_start = (dict(self.store.blob_bytes), self.store.servers_net_bytes())
+        if self.shards is not None:
+            self.shards.mark_start()
         log.info("Starting: %d worker(s), mode %s, %s", len(self.membership), self.mode_name,
                  ", ".join("%s=%s" % kv for kv in sorted(self.options.items())))
         if self.param.test_interval and self.param.test_initialization and self.count == 0:
             self._test()
-        self.backoff.keep(self.weights, self.count)
+        self._keep_copy()
         self._carry_out(self.rule.start(self.membership.sorted_members()))
 
     def _result(self, worker, message):
@@ -517,6 +606,8 @@ class Master(Coordinator):
             for worker, alive in zip(ids, self.store.workers_alive(ids)):
                 if not alive:
                     self._lost(worker, "has no heartbeat for %g s" % self.heartbeat_s)
+        if self.shards is not None and now > self.grace_until:
+            self.shards.check_alive()
         for member in self.membership.gone_silent(now, self.heartbeat_s) if self.started else ():
             log.warning("Worker %s has sent nothing for %.0f s though its heartbeat lives (stuck, or a message "
                         "of its own was lost: it sends it again)", member.id, now - member.last_heard)
@@ -551,11 +642,13 @@ class Master(Coordinator):
     def _test(self):
         if self.tester is not None:
             self._settle()
+            self._gather()
             self._test_weights(self.weights, self.count)
 
     def _snapshot(self, files_only=False):
         if not files_only:              # (files_only: Redis is gone or W diverged; W stays as it is)
             self._settle()
+        self._gather(files_only)
         model, state = self.solver.snapshot_at(self.count)
         self._snapshotted(model)
         if self.rule.keeps_history and not files_only:
@@ -585,6 +678,8 @@ class Master(Coordinator):
         except PycaffeDistError:
             if why is None:
                 raise
+        if self.shards is not None:
+            self.shards.stop(why)
         ids = self.membership.ids()             # a worker's control queue is its id
         jobs.stop_processes(self.store, ids, ids, 10.0, why)
 
@@ -624,7 +719,7 @@ class Master(Coordinator):
                     bytes_per_pull=(self.updates.format.nbytes if self.updates is not None
                                     else self.reader.sizes()["float32_bytes_per_result"]),
                     lr_scaling=self.options.get("lr_scaling", "none"), lr_scale=self.rate_scale(),
-                    lr_backoffs=self.backoff.count, refused_messages=self.store.refused,
+                    servers=self.servers, lr_backoffs=self.backoff.count, refused_messages=self.store.refused,
                     stale_results=self.stale_results,
                     **self.cpu_per_merge(), **self.hub_per_merge(), **self.rule.summary())
 
@@ -643,6 +738,8 @@ class Master(Coordinator):
             return {}
         moved = [self.store.blob_bytes[way] - mine[way] for way in ("sent", "received")]
         moved += [after - before for (a, b), (c, d) in zip(now, servers) for after, before in ((a, c), (b, d))]
+        if self.shards is not None:
+            moved += self.shards.bytes_moved()
         return {"hub_bytes_per_merge": max(moved) / merges,
                 "model_bytes": self.reader.sizes()["float32_bytes_per_result"]}
 
@@ -658,5 +755,8 @@ class Master(Coordinator):
             servers = self.store.servers_cpu_s()
         except StoreError:
             return {}
-        return {"master_cpu_ms_per_merge": 1e3 * (time.thread_time() - master_s) / merges,
-                "redis_cpu_ms_per_merge": [1e3 * (now - then) / merges for now, then in zip(servers, servers_s)]}
+        figures = {"master_cpu_ms_per_merge": 1e3 * (time.thread_time() - master_s) / merges,
+                   "redis_cpu_ms_per_merge": [1e3 * (now - then) / merges for now, then in zip(servers, servers_s)]}
+        if self.shards is not None:
+            figures["shard_cpu_ms_per_merge"] = [1e3 * seconds / merges for seconds in self.shards.cpu_s()]
+        return figures

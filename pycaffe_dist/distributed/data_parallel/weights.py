@@ -12,6 +12,16 @@ from .results import first_non_finite
 STALENESS_WEIGHT = 0.02     # of each result in the running average of the staleness
 
 
+def add_scaled(weights, arrays, scale):
+    """weights += scale * arrays, array by array (BLAS's saxpy: one pass, without the GIL); a parameter server
+    shard (shard.py) moves its slice of W by the same function, to the same bits."""
+    for w, a in zip(weights, arrays):
+        if scale == 1:
+            w += a
+        else:
+            saxpy(a.reshape(-1), w.reshape(-1), a=scale)
+
+
 class ResultLost(Exception):
     """A worker's result is not on Redis (a server restarted empty between its write and its notice), or is
     damaged there."""
@@ -105,12 +115,7 @@ class GlobalWeights:
             self.updates.end(self.arrays, merges + 1)
 
     def _add(self, arrays, scale):
-        """W += scale * arrays (BLAS's saxpy: one pass, without the GIL)."""
-        for w, a in zip(self.arrays, arrays):
-            if scale == 1:
-                w += a
-            else:
-                saxpy(a.reshape(-1), w.reshape(-1), a=scale)
+        add_scaled(self.arrays, arrays, scale)
         self.dirty = True
 
     def average(self, workers):
