@@ -549,7 +549,8 @@ def projection(runs, args):
     if not base or not base.get("images_per_s") or not model:
         return "Projection: needs the 1-thread process and a run that reports model_bytes (allreduce)."
     compute = BATCH / base["images_per_s"]
-    syncs = [r for r in runs if r["mode"] == "sync" and (r.get("stats") or {}).get("master_cpu_ms_per_merge")]
+    syncs = [r for r in runs if r["mode"] == "sync" and (r.get("servers") or 1) == 1
+             and (r.get("stats") or {}).get("master_cpu_ms_per_merge")]
     per_result = syncs[0]["stats"]["master_cpu_ms_per_merge"] / 1e3 / syncs[0]["n"] if syncs else 0.0
     lines = ["Projection (images/s; c = %.2f ms a batch, M = %.2f MB, r = %.2f ms of the master per result%s):"
              % (1e3 * compute, model / 1e6, 1e3 * per_result, "" if syncs else " (no sync run: 0)"),
@@ -569,7 +570,8 @@ def projection(runs, args):
         if run["kind"] != "ours" or run["mode"] not in ("allreduce", "sync") or not run.get("images_per_s"):
             continue
         kind = "allreduce" if run["mode"] == "allreduce" else "hub"
-        modelled = BATCH * run["n"] / round_time(kind, run["n"], compute, model, per_result, float("inf"))
+        modelled = BATCH * run["n"] / round_time(kind, run["n"], compute, model, per_result, float("inf"),
+                                                 run.get("servers") or 1)
         lines.append("- %s: %.0f images/s measured, %.0f modelled (%.2f)" % (run["name"], run["images_per_s"],
                                                                            modelled, run["images_per_s"] / modelled))
     return "\n".join(lines)

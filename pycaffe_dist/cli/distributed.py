@@ -145,7 +145,7 @@ def cmd_train_distributed(args):
     if any(i >= args.workers for i in slow):
         raise PycaffeDistError("--slow-worker names worker %d, but the workers are 0 to %d"
                                % (max(slow), args.workers - 1))
-    settings.servers = chosen_servers(args, settings.mode, resolved)
+    settings.servers, settings.servers_chosen = chosen_servers(args, settings.mode, resolved)
     return run_launched_job(
         lambda progress, sink: launch.run_local(
             settings, worker_threads=args.threads or 1, progress=progress, sink=sink,
@@ -156,7 +156,8 @@ def cmd_train_distributed(args):
 
 
 def chosen_servers(args, mode, options):
-    """--servers, checked, or the one-machine default (shards.default_servers), said in a line."""
+    """(--servers checked, None), or the one-machine default (shards.default_servers) with why, for the master to
+    say once the job starts."""
     from ..distributed.data_parallel import shards
     if args.servers is not None:
         if args.servers < 1:
@@ -167,18 +168,15 @@ def chosen_servers(args, mode, options):
         from ..io.load import read_solver
         urls = args.redis.split(",") if args.redis is not None else ["private"] * args.servers
         shards.check_shardable(mode, options, read_solver(args.solver), args.servers, urls)   # before any start
-        return args.servers
+        return args.servers, None
     if mode not in shards.SHARDED_MODES or args.redis is not None or args.redis_servers is not None \
             or options.get("compress", "none") != "none":
-        return 1
+        return 1, None
     try:
         nbytes = shards.model_bytes(args.solver)
-    except PycaffeDistError:
-        return 1                # (the master says what is wrong with the net, in its one line)
-    servers, why = shards.default_servers(args.workers, nbytes)
-    print("[servers] %d parameter server%s (%s)" % (servers, "" if servers == 1 else " shards", why), file=sys.stderr,
-          flush=True)
-    return servers
+    except (PycaffeDistError, OSError):
+        return 1, None          # (the master says what is wrong with the net, in its one line)
+    return shards.default_servers(args.workers, nbytes)
 
 
 def checked_link(args):
@@ -247,6 +245,8 @@ def cmd_master(args):
                             join_timeout_s=args.join_timeout, keep=args.keep, max_iter=args.iterations,
                             stats_path=args.stats, retry_s=args.redis_retry, log=args.log,
                             python_layers=modules_flag(args.python_layers), servers=args.servers or 1)
+    if args.servers is not None and args.servers < 1:
+        raise PycaffeDistError("--servers must be at least 1, got %d" % args.servers)
     metrics_flags.check(args)
     training_log.attach(logging.getLogger("pycaffe_dist"), settings.log)
     master = Master(settings)

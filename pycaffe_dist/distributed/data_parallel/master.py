@@ -73,6 +73,7 @@ class Settings(JsonSettings):
     resume: bool = False
     python_layers: list = dataclasses.field(default_factory=list)  # modules a resumed job's spec may name
     servers: int = 1            # parameter server shards merging W (shard.py); 1: this master merges it
+    servers_chosen: str = None  # why `train` chose `servers` (its default), said as the job starts
 
 
 class Master(Coordinator):
@@ -100,6 +101,9 @@ class Master(Coordinator):
             self._keep_records(param)
         else:
             mode, workers, servers = settings.mode, settings.workers, settings.servers
+            if settings.servers_chosen:
+                log.info("Parameter servers: %d, picked by train (%s; --servers K to choose)", servers,
+                         settings.servers_chosen)
             options = resolve_options(mode, settings.options)
             param = self._solver_param(settings)
             check_shardable(mode, options, param, servers, [u for u in settings.redis.split(",") if u])

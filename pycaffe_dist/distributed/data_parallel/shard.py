@@ -97,8 +97,6 @@ class Shard(JobProcess):
     def history(self):
         raise PycaffeDistError("mode %s keeps no central W: it has no shards" % self.mode)
 
-    # --- the frame ---------------------------------------------------------------------------------------------
-
     # --- the frame (JobProcess.run's), said the shard's way ------------------------------------------------------
 
     def _build(self):
@@ -235,7 +233,7 @@ class Shard(JobProcess):
     def _update(self, gradient, count, rate_scale):
         """The solver's update rule (Caffe's ApplyUpdate) on each blob piece of the slice, with that blob's
         multipliers: elementwise, so the pieces get what the whole blobs would (clip_gradients, which needs the
-        whole gradient's norm, and --lars, the whole blobs', are refused with shards: master.py)."""
+        whole gradient's norm, and --lars, the whole blobs', are refused with shards: shards.check_shardable)."""
         views = [(i, slice(offset, offset + stop - start)) for i, start, stop, offset in self.pieces]
         history = [h[where] for h in self.history for _, where in views]
         result = updates.compute_steps(self.param, [self.w[where] for _, where in views],

@@ -42,7 +42,8 @@ def model_bytes(solver_path):
     from ..job import inline_nets
     param = inline_nets(read_solver(solver_path))
     net_param = param.net_param if param.HasField("net_param") else param.train_net_param
-    net = Net(net_param, phase=caffe_pb2.TRAIN, fill_params=False)
+    net = Net(net_param, phase=caffe_pb2.TRAIN, level=param.train_state.level, stages=list(param.train_state.stage),
+              fill_params=False)
     return 4 * sum(int(np.prod(b.shape, dtype=np.int64)) for b in net.learnable_params)
 
 
