@@ -215,7 +215,7 @@ def plan(args, counts):
                  for compress in (args.compress if takes_compress(mode) else [None])
                  for scaling in (args.lr_scaling if takes_scaling(mode) and args.lr_scaling != ["linear"]
                                  else [None])
-                 for servers in (args.servers if takes_servers(mode) and not compress else [None])]
+                 for servers in (args.servers or [None] if takes_servers(mode) and not compress else [None])]
     if TARGET_THREADS not in thread_counts and args.cores >= TARGET_THREADS:
         runs.insert(1, new_run(args, "single", 1, TARGET_THREADS))
     return runs

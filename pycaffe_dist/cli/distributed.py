@@ -96,15 +96,18 @@ def add_train_flags(parser):
 
 
 def ring_place(text):
-    """'RANK/SIZE/WORLD' -> (rank, size, world number): an all-reduce worker's place in a world on sockets (what its
-    coordinator starts it with behind an emulated link)."""
+    """'RANK/SIZE[/WORLD]' -> (rank, size, world number): an all-reduce worker's place in a world on sockets, started
+    one by one (the Ansible playbook's workers: world 0) or by its coordinator behind an emulated link (the world's
+    number counts the coordinator's restarts)."""
     try:
-        rank, size, world = (int(part) for part in text.split("/"))
-        if 0 <= rank < size and world >= 0:
-            return rank, size, world
+        parts = [int(part) for part in text.split("/")]
+        if len(parts) in (2, 3):
+            rank, size, world = (parts + [0])[:3]
+            if 0 <= rank < size and world >= 0:
+                return rank, size, world
     except ValueError:
         pass
-    raise argparse.ArgumentTypeError("expected RANK/SIZE/WORLD, got %r" % text)
+    raise argparse.ArgumentTypeError("expected RANK/SIZE (0 <= RANK < SIZE), got %r" % text)
 
 
 def slow_worker(text):
@@ -269,8 +272,12 @@ def cmd_worker(args):
     from ..distributed.data_parallel.worker import Worker
     from ..distributed.job_process import job_kind
     from ..solver import training_log
-    if job_kind(args.redis, args.job, args.wait, args.redis_retry) == "allreduce":
+    kind = job_kind(args.redis, args.job, args.wait, args.redis_retry)
+    if kind == "allreduce":
         return run_allreduce_worker(args)
+    if args.ring is not None:
+        raise PycaffeDistError("--ring: a place in an all-reduce world; the job %sis a %s job, whose workers take "
+                               "none" % ("%s " % args.job if args.job else "", kind or "data-parallel"))
     training_log.attach(logging.getLogger("pycaffe_dist.distributed"))
     # The master reports the job's training (and a divergence, once): the workers' own solvers stay quiet.
     logging.getLogger("pycaffe_dist.solver").setLevel(logging.ERROR)
@@ -299,7 +306,8 @@ def cmd_shard(args):
 
 
 def run_allreduce_worker(args):
-    """`dist_caffe worker` on an all-reduce job: one rank of the MPI world (mpiexec, srun)."""
+    """`dist_caffe worker` on an all-reduce job: one rank of the MPI world (mpiexec, srun), or of a world on sockets
+    (--ring RANK/SIZE)."""
     from ..distributed.allreduce.worker import AllreduceWorker, mpi_world
     from ..solver import training_log
     gpus = select.parse_gpus(args.gpu)
@@ -369,7 +377,9 @@ def add_verbs(verbs):
     p.add_argument("--delay", type=float, default=0.0, help="sleep this many seconds after every round: a straggler "
                    "on purpose, for trying out backup workers and weed-out (default 0)")
     add_patience_flags(p)
-    p.add_argument("--ring", type=ring_place, help=argparse.SUPPRESS)     # RANK/SIZE/WORLD: a world on sockets
+    p.add_argument("--ring", type=ring_place, metavar="RANK/SIZE", help="on an all-reduce job: this worker is rank "
+                   "RANK of SIZE workers whose ring runs on TCP sockets, without MPI (each started on its own, as the "
+                   "Ansible playbook does; they meet through the job's Redis and must reach each other's addresses)")
     p.set_defaults(func=cmd_worker)
 
     p = verbs.add_parser("shard", help="a parameter server shard of a distributed job on Redis (master --servers K)")

@@ -1,10 +1,16 @@
 """The gradients of one iteration, all-reduced in buckets while the backward still runs (PyTorch DDP's reducer):
 the learnable blobs are grouped, last layers first, into buckets of about BUCKET_BYTES (the first one smaller, so
 that the exchange starts early); once the backward is past every layer that uses a bucket's blobs, its gradients
-are copied into the bucket's flat buffer and handed to the exchange thread, which sums them over the ring
-(ring.py) while the main thread goes on with the backward of the layers below. `finish()` waits for the last
-bucket and writes the mean back into the diffs, for the solver's update: Caffe's multi-GPU training (NCCL) sums
-the diffs and scales them by 1 / solver_count the same way.
+are copied into the bucket's flat buffer and their sum over the ring (ring.py) starts while the backward goes on
+with the layers below. `finish()` waits for the last bucket and writes the mean back into the diffs, for the
+solver's update: Caffe's multi-GPU training (NCCL) sums the diffs and scales them by 1 / solver_count the same way.
+
+Who advances the sums: on MPI, the backward itself, between layers (each layer's hook takes every ring step whose
+messages have arrived and posts the next: ring.RingSum), one bucket after the other; on the sockets of sockets.py,
+which block, a thread of its own. Measured at 2 workers on 2 cores (LeNet, `python bench/scaling.py --workers 2
+--modes allreduce`): with a thread blocked in MPI the 1.6 MB bucket took 4.7 ms to sum, its thread waiting for
+the core after every message, and the iteration waited 0.7 ms of its 11.2 for the ring; from the hooks, see
+docs/allreduce.md.
 
 On a GPU the copies go device -> page-locked host buffer -> ring -> device (the buffers are pinned).
 
@@ -14,10 +20,12 @@ decides the same from them (the mean loss: whether the rate diverged, lr_scaling
 import queue
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
 from ...backend import select
+from ..lr_scaling import all_finite
 
 BUCKET_BYTES = 25 << 20         # DDP's bucket_cap_mb
 FIRST_BUCKET_BYTES = 1 << 20    # DDP's first bucket: the exchange starts after the last layers' backward
@@ -70,12 +78,17 @@ class GradientBuckets:
             bucket.buffer = _empty(sum(bucket.sizes) + bucket.extra)
         self.flags = np.zeros(FLAGS, np.float32)       # this worker's requests for the next iteration
         self.wait_s = 0.0                   # the main thread's time waiting for the exchange, all iterations
-        self.exchange_s = 0.0               # the exchange thread's time summing
+        self.exchange_s = 0.0               # the time in the ring's calls (the hooks' and finish's, or the thread's)
         self._pass, self._next, self._armed = 0, 0, False
-        self._work = queue.Queue()
         self._error = None
-        self._thread = threading.Thread(target=self._exchange, name="allreduce", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if getattr(ring, "nonblocking", False):
+            self._sending = deque()         # buckets sent, in order; the first one's sum under way (self._sum)
+            self._sum = None
+        else:
+            self._work = queue.Queue()
+            self._thread = threading.Thread(target=self._exchange, name="allreduce", daemon=True)
+            self._thread.start()
         net.backward_hooks.append(self._layer_done)
 
     @property
@@ -95,6 +108,8 @@ class GradientBuckets:
             while self._next < len(self.buckets) and self.buckets[self._next].ready_at >= layer_id:
                 self._send(self.buckets[self._next])
                 self._next += 1
+            if self._thread is None and self._sending:
+                self._advance()
         if layer_id == 0:
             self._pass += 1
 
@@ -112,7 +127,26 @@ class GradientBuckets:
                 np.copyto(view, blob.cpu_diff.reshape(-1))
         if bucket.extra:
             bucket.buffer[at:] = self.flags
-        self._work.put(bucket)
+        if self._thread is None:
+            self._sending.append(bucket)
+        else:
+            self._work.put(bucket)
+
+    def _advance(self, wait=False):
+        """Take the ring steps of the buckets sent whose messages have arrived (wait: all of them, waiting)."""
+        started = time.perf_counter()
+        try:
+            while self._sending:
+                if self._sum is None:
+                    self._sum = self.ring.start(self._sending[0].buffer)
+                if wait:
+                    self._sum.wait()
+                elif not self._sum.progress():
+                    break
+                self._sum = None
+                self._sending.popleft().done.set()
+        finally:
+            self.exchange_s += time.perf_counter() - started
 
     def _exchange(self):
         while True:
@@ -135,6 +169,8 @@ class GradientBuckets:
             self._send(self.buckets[self._next])
             self._next += 1
         started = time.perf_counter()
+        if self._thread is None:
+            self._advance(wait=True)
         for bucket in self.buckets:
             bucket.done.wait()
         self.wait_s += time.perf_counter() - started
@@ -142,18 +178,21 @@ class GradientBuckets:
             raise self._error
         scale = np.float32(1.0 / self.ring.size)
         params = self.net.learnable_params
+        gpu = select.active()
         finite = True
         for bucket in self.buckets:
             grads = bucket.buffer[:bucket.buffer.size - bucket.extra]
-            np.multiply(grads, scale, out=grads)
-            finite = finite and bool(np.isfinite(np.add.reduce(grads, dtype=np.float64)))
+            # the sums are finite where their means are (1 / N makes no Inf); a float32 sum's pass, not a float64 one
+            finite = finite and all_finite([grads])
+            if gpu:
+                np.multiply(grads, scale, out=grads)
             at = 0
             for k, size in zip(bucket.blobs, bucket.sizes):
                 view = grads[at:at + size]
-                if select.active():
+                if gpu:
                     select.current().upload(params[k].mutable_gpu_diff, view)
-                else:
-                    params[k].diff[...] = view.reshape(params[k].shape)
+                else:       # the mean written into the diff in the same pass
+                    np.multiply(view.reshape(params[k].shape), scale, out=params[k].diff)
                 at += size
         last = self.buckets[-1].buffer
         self.flags[:] = 0
@@ -161,7 +200,8 @@ class GradientBuckets:
         return last[last.size - FLAGS:].copy(), finite
 
     def close(self):
-        self._work.put(None)
-        self._thread.join(5)
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(5)
         if self._layer_done in self.net.backward_hooks:
             self.net.backward_hooks.remove(self._layer_done)

@@ -117,3 +117,62 @@ def test_nan_in_a_gradient_is_seen_by_finish():
     _, finite = buckets.finish()
     assert not finite
     buckets.close()
+
+
+class SteppedRing(RecordingRing):
+    """A ring with the non-blocking start() (ring.RingSum's interface): each sum needs `steps` calls of progress()
+    or one wait(); `advanced` records the layer the backward had reached at each progress() call."""
+    nonblocking = True
+    steps = 2
+
+    def __init__(self):
+        super().__init__()
+        self.advanced = []
+
+    def start(self, buffer):
+        ring = self
+
+        class Sum:
+            done, left = False, ring.steps
+
+            def progress(self):
+                ring.advanced.append(ring.reached)
+                self.left -= 1
+                if self.left <= 0 and not self.done:
+                    ring.allreduce(buffer)
+                    self.done = True
+                return self.done
+
+            def wait(self):
+                while not self.progress():
+                    pass
+                return buffer
+        return Sum()
+
+
+def test_on_a_non_blocking_ring_the_backward_itself_advances_the_sums():
+    param = caffe_pb2.NetParameter()
+    text_format.Parse(NET, param)
+    net = Net(param, caffe_pb2.TRAIN)
+    net.blob_by_name("data").data[...] = np.random.default_rng(0).standard_normal((4, 6))
+    net.clear_param_diffs()
+    net.forward_backward()
+    alone = [b.diff.copy() for b in net.learnable_params]
+    ring = SteppedRing()
+    net.backward_hooks.insert(0, lambda layer_id: setattr(ring, "reached", layer_id))
+    buckets = GradientBuckets(net, ring, 1, bucket_bytes=4 << 10, first_bucket_bytes=1 << 10)
+    assert buckets._thread is None and len(buckets.buckets) > 1
+    net.clear_param_diffs()
+    ring.reached = None
+    buckets.start_iteration()
+    net.forward_backward()
+    # the first bucket's sum was advanced by the hooks of the layers below the one that made it ready, while the
+    # backward went on: its two steps were taken at two layers before the backward's end
+    first_ready = buckets.buckets[0].ready_at
+    during = [layer for layer in ring.advanced if layer is not None]
+    assert during[:2] == [first_ready, first_ready - 1] and buckets.buckets[0].done.is_set()
+    flags, finite = buckets.finish()
+    assert finite and all(b.done.is_set() for b in buckets.buckets)
+    for mine, before in zip(net.learnable_params, alone):
+        np.testing.assert_allclose(mine.diff, before, rtol=1e-6)
+    buckets.close()

@@ -16,7 +16,7 @@ from pycaffe_dist.distributed.redis_client import PASSWORD_ENV
 
 from ..conftest import train_on_workers
 from .conftest import MPIEXEC, REPO, mpi_env, needs_mpi
-from .test_worker import read_model
+from .test_worker import assert_one_process_with_iter_size, read_model
 
 pytestmark = needs_mpi
 
@@ -134,6 +134,41 @@ def test_a_world_started_by_mpiexec_joins_a_coordinator_that_waits_for_it(make_s
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["count"] == 50 and stats["world"] == 2 and stats["weights_identical"]
     assert re.search(r"worker 1: 50 iterations", world.stderr)
+
+
+def test_workers_started_one_by_one_with_ring_form_a_world_on_sockets(make_solver, redis_server, tmp_path):
+    """The playbook's way, without MPI across the hosts: the coordinator (launch false) publishes the job and each
+    `dist_caffe worker --ring R/N` is started on its own; their ring runs on TCP sockets. With --lr-scaling none,
+    what one process gives with iter_size 2. `--ring` on a data-parallel job, or out of range, is one line."""
+    solver = make_solver(max_iter=20, test_interval=1000, test_initialization=False, snapshot_after_train=True)
+    env = dict(os.environ, **{PASSWORD_ENV: redis_server.password})
+    job = "ring-%d" % os.getpid()
+    settings = json.dumps({"redis": redis_server.url, "solver": str(solver), "job": job, "workers": 2,
+                           "launch": False, "options": {"lr_scaling": "none"},
+                           "stats_path": str(tmp_path / "stats.json")})
+    master = subprocess.Popen([sys.executable, "-m", "pycaffe_dist", "allreduce-master", "--settings", "-"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                              cwd=REPO, text=True)
+    master.stdin.write(settings)
+    master.stdin.close()
+    workers = [subprocess.Popen([sys.executable, "-m", "pycaffe_dist", "worker", "--redis", redis_server.url, "--job",
+                                 job, "--ring", "%d/2" % rank], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=env, cwd=REPO, text=True) for rank in (1, 0)]
+    try:
+        ends = [w.communicate(timeout=120)[1] for w in workers]
+        assert [w.returncode for w in workers] == [0, 0], ends[0][-2000:] + ends[1][-2000:]
+        assert master.wait(60) == 0, master.stdout.read()[-3000:]
+    finally:
+        for process in workers + [master]:
+            if process.poll() is None:
+                process.kill()
+    assert "worker 1: 20 iterations" in ends[0]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["count"] == 20 and stats["world"] == 2 and stats["weights_identical"]
+    assert_one_process_with_iter_size(solver, 2, tmp_path / "snap_iter_20.caffemodel")
+    bad = subprocess.run([sys.executable, "-m", "pycaffe_dist", "worker", "--redis", redis_server.url, "--ring", "2/2"],
+                         capture_output=True, text=True, env=env, cwd=REPO)
+    assert bad.returncode == 2 and "argument --ring: expected RANK/SIZE (0 <= RANK < SIZE), got '2/2'" in bad.stderr
 
 
 @pytest.mark.parametrize("flags, line", [

@@ -10,18 +10,15 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
-from pycaffe_dist.io.load import read_solver
-from pycaffe_dist.solver.solver import Solver
 
 from ..test_launch import _running
 from ..test_links import _ours
 from ..test_links import delay_ms as links_delay
 from .conftest import REPO
 from .test_master import wait_for_line
-from .test_worker import read_model
+from .test_worker import assert_one_process_with_iter_size
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 delay_ms = links_delay          # the links' fixture: the delay this kernel's links can have, or a skip
@@ -43,12 +40,7 @@ def test_two_workers_behind_links_equal_one_process_with_iter_size_two(delay_ms,
     addresses = dict(re.findall(r"Worker (\d) ready on \S+ at ([\d.]+) \(pid", done.stderr))
     assert sorted(addresses) == ["0", "1"] and len(set(addresses.values())) == 2
     assert all(a.startswith(hub.rsplit(".", 1)[0] + ".") and a != hub for a in addresses.values()), addresses
-    param = read_solver(str(solver))
-    param.iter_size, param.snapshot_after_train = 2, False
-    one = Solver(param)
-    one.step(20)
-    for mine, theirs in zip(one.weights, read_model(tmp_path / "snap_iter_20.caffemodel", param)):
-        assert np.abs(mine - theirs).max() <= 1e-5 * np.abs(mine).max()
+    assert_one_process_with_iter_size(solver, 2, tmp_path / "snap_iter_20.caffemodel")
     assert json.loads((tmp_path / "stats.json").read_text())["weights_identical"]
     assert not [name for name in _ours() if tag in name]
 

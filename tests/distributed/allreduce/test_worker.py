@@ -21,17 +21,22 @@ def read_model(path, solver):
     return [w.copy() for w in other.weights]
 
 
+def assert_one_process_with_iter_size(solver, workers, snapshot, iterations=20):
+    """The workers' W in `snapshot` is what one process gives with iter_size `workers` (--lr-scaling none), to 1e-5
+    relative."""
+    param = read_solver(str(solver))
+    param.iter_size, param.snapshot_after_train = workers, False
+    one = Solver(param)
+    one.step(iterations)
+    for mine, theirs in zip(one.weights, read_model(snapshot, param)):
+        assert np.abs(mine - theirs).max() <= 1e-5 * np.abs(mine).max()
+
+
 def test_four_workers_equal_one_process_with_iter_size_four_and_each_other(make_solver, tmp_path):
     solver = make_solver(max_iter=20, test_interval=1000, test_initialization=False, snapshot_after_train=True)
     done = train_on_workers(solver, 4, "allreduce", tmp_path / "stats.json", "--lr-scaling", "none")
     assert done.returncode == 0, done.stderr[-3000:]
-    param = read_solver(str(solver))
-    param.iter_size, param.snapshot_after_train = 4, False
-    one = Solver(param)
-    one.step(20)
-    workers = read_model(tmp_path / "snap_iter_20.caffemodel", param)
-    for mine, theirs in zip(one.weights, workers):
-        assert np.abs(mine - theirs).max() <= 1e-5 * np.abs(mine).max()
+    assert_one_process_with_iter_size(solver, 4, tmp_path / "snap_iter_20.caffemodel")
     import json
     stats = json.loads((tmp_path / "stats.json").read_text())
     # every worker's W hashed and gathered at the end: the job fails where they differ
