@@ -318,6 +318,7 @@ class Worker(JobProcess):
             self.feedback.forget()              # a new start from W: nothing is owed to it
         start, iteration, base = outcome.pulled, outcome.iteration, outcome.version
         in_flight, round_id = None, 0
+        previous = None                         # the result sent last round: with overlap, what `outcome` answers
         # A round runs from one submit to the next; `blocked` is the part of it spent waiting on the exchange.
         last_submit, blocked = time.perf_counter(), 0.0
         while True:
@@ -340,6 +341,7 @@ class Worker(JobProcess):
             future = exchange.submit(self._exchange, round_id, sent, info)
             last_submit, blocked = now, 0.0
             in_flight = future if depth else None
+            answered, previous = (previous if depth else result), result
             if not depth:
                 outcome = future.result()
                 blocked = time.perf_counter() - now
@@ -350,7 +352,8 @@ class Worker(JobProcess):
                 self.stats["images"] += images
                 round_id += 1
                 continue
-            start = self.mode.next_start(outcome.status, outcome.pulled, x_end, result, in_flight is not None)
+            start = self.mode.next_start(outcome.status, outcome.pulled, x_end, result, in_flight is not None,
+                                         answered)
             base = self.mode.base(outcome.version, outcome.status, in_flight is not None)
             # With this round's result in flight, the reply's merge count is one round short.
             iteration = outcome.iteration + (self.tau if in_flight is not None else 0)

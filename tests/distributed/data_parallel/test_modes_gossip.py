@@ -116,6 +116,28 @@ def test_the_worker_averages_with_its_peer_and_goes_on_alone_without_one():
     assert {gossip.RoundRule.choose_peer(["1", "2"]) for _ in range(100)} == {"1", "2"}
 
 
+def test_overlapped_the_averaging_moves_between_copies_of_one_age_and_the_workers_still_agree():
+    """With overlap, the peer's copy was read when this worker published `answered`, a round before x_end: the move
+    is a quarter of (peer - answered), added to x_end. Two workers with nothing else moving come to agree (with a
+    half, their spread follows d' = d - d_before, whose roots have modulus 1: it never shrinks, and a job at 2
+    workers diverged); and while both step the same way, none of the step is taken back (averaged with x_end
+    itself, half of every step was)."""
+    end, peer, answered = [np.full(2, 5.0, np.float32)], [np.full(2, 3.0, np.float32)], [np.full(2, 1.0, np.float32)]
+    assert gossip.RoundRule.next_start("peer", peer, end, None, True, answered)[0].tolist() == [5.5, 5.5]
+    assert gossip.RoundRule.next_start("peer", peer, end, None, False, end)[0].tolist() == [4.0, 4.0]
+    for step in (0.0, 0.5):
+        x, y = [np.zeros(1, np.float32)], [np.ones(1, np.float32)]
+        x_sent = y_sent = None
+        for _ in range(60):
+            x_end, y_end = [x[0] + np.float32(step)], [y[0] + np.float32(step)]
+            # each averages with the copy the other published a round before, as an overlapped worker does
+            x = x_end if y_sent is None else gossip.RoundRule.next_start("peer", y_sent, x_end, None, True, x_sent)
+            y = y_end if x_sent is None else gossip.RoundRule.next_start("peer", x_sent, y_end, None, True, y_sent)
+            x_sent, y_sent = x_end, y_end
+        assert abs(float(x[0][0] - y[0][0])) < 1e-3
+        assert float(x[0][0] + y[0][0]) / 2 == pytest.approx(0.5 + 60 * step, abs=1e-3)   # every step kept
+
+
 @pytest.mark.redis
 @pytest.mark.slow
 def test_gossip_survives_a_killed_worker_among_the_live_ones(procs, make_solver, store_for):

@@ -12,8 +12,9 @@ Each mode module says:
   RoundRule:    the worker side (worker.py's rounds ask it):
                 result(x_start, x_end, gradients, centre, options, workers) -> R, where centre is the last W
                 pulled and workers the live workers the master last counted;
-                next_start(status, pulled, x_end, result, in_flight) -> the weights of the next round, from the
-                last reply's status and W, this round's end and result, and whether that result is in flight;
+                next_start(status, pulled, x_end, result, in_flight, answered) -> the weights of the next round,
+                from the last reply's status and W, this round's end and result, whether that result is in
+                flight, and the result that reply answered (this round's without overlap, the last round's with);
                 base(version, status, in_flight) -> the merge count of the W the next round starts from (how
                 stale its result will be); `gradients`: whether a round is one gradient (no local steps);
                 choose_peer(peers), gossip's only: the worker whose weights to pull instead of W, from the
@@ -154,7 +155,7 @@ class DeltaRoundRule:
         return [e - s for s, e in zip(x_start, x_end)]
 
     @staticmethod
-    def next_start(status, pulled, x_end, result, in_flight):
+    def next_start(status, pulled, x_end, result, in_flight, answered=None):
         if status == "merged" and in_flight:
             return [w + d for w, d in zip(pulled, result)]
         return pulled

@@ -31,7 +31,7 @@ class RoundRule:
         return [rate * (x - w) for x, w in zip(x_end, centre)]
 
     @staticmethod
-    def next_start(status, pulled, x_end, result, in_flight):
+    def next_start(status, pulled, x_end, result, in_flight, answered=None):
         if status == "merged":
             return [x - d for x, d in zip(x_end, result)]
         return pulled                       # reset: start again from the centre

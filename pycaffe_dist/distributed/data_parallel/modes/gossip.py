@@ -10,10 +10,17 @@ pulls moves; its peer moves when it pulls in turn. What that guarantees:
     read again until their versions agree), and no worker ever waits for another;
   - the workers' mean is kept only approximately: one averaging moves the sum by (x_peer - x_self) / 2, but with
     every worker pulling from a uniformly random other, the expected change of the sum over a round is zero;
-  - the spread shrinks: each averaging halves the distance between a worker and the copy it read, which is why
-    the workers stay close enough for their mean (what the master tests and snapshots) to be a good model;
-  - a worker overlapped with its exchange (the default; --no-overlap waits for it) averages with the copy it read
-    during its last round: one round older, as EASGD's centre is;
+  - the spread shrinks: each averaging halves the distance between a worker and the copy it read (overlapped: see
+    below), which is why the workers stay close enough for their mean (what the master tests and snapshots) to be a
+    good model;
+  - a worker overlapped with its exchange (the default; --no-overlap waits for it) read the peer's copy when it
+    published its own weights of a round ago: it moves by a quarter of (that copy - those weights of its own), two
+    states of one age, added to where it is now (next_start). Averaged with where it is now instead, as it was, the
+    stale copy took back half of every round's step: LeNet's images to 0.85 at 8 and 16 workers were 1.67-1.83x and
+    2.5x one process's, against 1.17-1.33x and 1.83x now (bench/scaling.py --images, 2-3 runs each; without the
+    overlap 1.33x and 1.83x). A quarter, not a half: with half, two workers' spread follows d' = d - d_before, whose
+    roots have modulus 1, so it never shrinks (a job at 2 workers diverged); with a quarter it shrinks by 0.71 a
+    round, as the plain half-average's does;
   - a worker with no live peer, or whose peer was counted out between the reply and the read (the master removes
     a lost worker's key), skips that round's averaging.
 
@@ -54,8 +61,13 @@ class RoundRule:
         return str(random.choice(peers)) if peers else None
 
     @staticmethod
-    def next_start(status, pulled, x_end, result, in_flight):
+    def next_start(status, pulled, x_end, result, in_flight, answered=None):
         if status == "peer":
+            if in_flight and answered is not None:
+                # Overlapped: the peer's copy was read when this worker published `answered`, a round before
+                # x_end; the move is taken between those two, of one age, and added to x_end (the docstring: why a
+                # quarter, and what averaging with x_end itself cost)
+                return [x + np.float32(0.25) * (p - a) for x, p, a in zip(x_end, pulled, answered)]
             return [np.float32(0.5) * (x + p) for x, p in zip(x_end, pulled)]
         if status in ("alone", "merged"):       # no peer this round; or the first round, started from W itself
             return x_end

@@ -35,7 +35,7 @@ class RoundRule:
         return gradients
 
     @staticmethod
-    def next_start(status, pulled, x_end, result, in_flight):
+    def next_start(status, pulled, x_end, result, in_flight, answered=None):
         return pulled
 
     @staticmethod
