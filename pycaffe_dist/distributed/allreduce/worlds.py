@@ -23,21 +23,20 @@ def mpiexec():
     return found
 
 
-def mpi_env(env, one_machine=True):
+def mpi_env(env):
     """`env` for mpiexec: Open MPI refuses root unless told twice (containers and CI run as root); a rank that
     waits for its neighbour yields the core (mpi_yield_when_idle, unless the environment says otherwise): Open MPI
     spins in a blocking call, and on as many cores as ranks the spinning took the cores from the backward (with the
     ring's steps on a thread of their own, yielding trained 15-20 % more images a second at 2 workers on 2 cores:
-    bench/scaling.py, 2 runs each). `one_machine`: every rank runs on this machine (the worlds a coordinator starts,
-    the tests'), so shared memory is the only transport it needs (btl self,sm, unless the environment names the
+    bench/scaling.py, 2 runs each). Every rank of these worlds runs on this machine (the coordinator's and the
+    tests'), so shared memory is the only transport they need (btl self,sm, unless the environment names the
     btls): Open MPI otherwise first probes the network for its libfabric transport, which took 1.0 s of every
     world's start on the 2-core machines (mpiexec -n 2 and MPI_Init: 1.23 s, 0.22 s without it)."""
     env = dict(env)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    if one_machine:
-        env.setdefault("OMPI_MCA_btl", "self,sm")
+    env.setdefault("OMPI_MCA_btl", "self,sm")
     return env
 
 
