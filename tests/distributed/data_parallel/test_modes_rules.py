@@ -144,6 +144,22 @@ def test_easgd_worker_pulls_itself_and_the_centre_together():
     assert master.weights[0].tolist() == [2.0] * 3          # W += d
 
 
+@pytest.mark.parametrize("scaling,pull", [("linear", easgd.WORKER_PULL), ("none", 0.9 / 16)])
+def test_easgd_worker_pulls_itself_a_quarter_at_a_scaled_rate_and_the_centre_by_alpha(scaling, pull):
+    # 16 workers: alpha = 0.9 / 16. At a scaled rate the worker closes a quarter of its distance to the centre, and
+    # the centre still moves by alpha (x - W); --lr-scaling none keeps the paper's symmetric pull.
+    options = resolve_options("easgd", {"lr_scaling": scaling})
+    master, rule = _rule("easgd", lr_scaling=scaling)
+    rule.start([str(w) for w in range(16)])
+    x_end, centre = [np.full(3, 5.0, np.float32)], [np.zeros(3, np.float32)]
+    d = easgd.RoundRule.result(None, x_end, None, centre, options, 16)
+    np.testing.assert_allclose(d[0], 5.0 * pull, rtol=1e-6)
+    np.testing.assert_allclose(easgd.RoundRule.next_start("merged", centre, x_end, d, True)[0], 5.0 * (1 - pull),
+                               rtol=1e-6)
+    _deliver(master, rule, "0", float(d[0][0]))
+    np.testing.assert_allclose(master.weights[0], 5.0 * 0.9 / 16, rtol=1e-6)
+
+
 def test_gradient_only_hands_the_gradient_to_the_solver_rule():
     master, rule = _rule("gradient-only")
     _deliver(master, rule, "0", 0.5)
@@ -209,8 +225,10 @@ def test_weed_out_runs_without_options_and_its_window_is_the_live_workers():
 @pytest.mark.parametrize("workers, rate", [(1, 0.9), (2, 0.45), (8, 0.1125), (16, 0.05625)])
 def test_easgd_moving_rate_defaults_to_0_9_over_the_live_workers(workers, rate):
     options = resolve_options("easgd", {})
-    d = easgd.RoundRule.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)], options, workers)
-    np.testing.assert_allclose(d[0], rate, rtol=1e-6)
+    assert easgd.moving_rate(options, workers) == pytest.approx(rate)
+    d = easgd.RoundRule.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)],
+                               dict(options, lr_scaling="none"), workers)
+    np.testing.assert_allclose(d[0], rate, rtol=1e-6)                  # the paper's symmetric pull
     d = easgd.RoundRule.result(None, [np.full(2, 1.0, np.float32)], None, [np.zeros(2, np.float32)],
                             dict(options, moving_rate=0.3), workers)
     np.testing.assert_allclose(d[0], 0.3, rtol=1e-6)
