@@ -18,7 +18,7 @@ What k is comes from how each mode merges (Rule.merged_work in modes/base.py, ov
   process's step and a staler one as less. The staleness is about N, more where workers share cores or overlap
   their exchange (13.5 at 8 workers on 2 cores, where k = N left each result worth 0.6 of a step).
 - local-sgd: k = N (1 - m) / a for the outer rate a and momentum m: DiLoCo's outer Nesterov step already
-  multiplies a steady mean delta by a / (1 - m) (2 with the defaults).
+  multiplies a steady mean delta by a / (1 - m) (1.33 with the defaults at a scaled rate).
 
 Where it applies: the rate of every local solver step is the solver's (its lr policy at the job's merge count)
 times the scale the master sends with each reply, so a worker's momentum and weight decay follow the scaled

@@ -64,7 +64,7 @@ class _View:
 
 
 @pytest.mark.parametrize("mode,workers,work", [("sync", 8, 8), ("gossip", 4, 4), ("easgd", 16, 16),
-                                               ("local-sgd", 8, 4), ("async", 8, 8), ("gradient-only", 2, 2)])
+                                               ("local-sgd", 8, 6), ("async", 8, 8), ("gradient-only", 2, 2)])
 def test_the_work_of_a_merge_per_mode(mode, workers, work):
     rule = MODES[mode].MergeRule(_View(), resolve_options(mode, {}))
     assert rule.merged_work(workers) == work
@@ -86,6 +86,13 @@ def test_local_sgd_counts_its_outer_step():
     options = resolve_options("local-sgd", {"outer_lr": 0.5, "outer_momentum": 0.75})
     rule = MODES["local-sgd"].MergeRule(_View(), options)
     assert rule.merged_work(8) == 4
+
+
+@pytest.mark.parametrize("scaling,momentum", [("linear", 0.25), ("sqrt", 0.25), ("none", 0.5)])
+def test_local_sgd_outer_momentum_defaults_to_a_quarter_at_a_scaled_rate(scaling, momentum):
+    """m = 0.25 where the rate is scaled (the workers carry 0.75 N of it), 0.5 at the solver's rate, as before."""
+    rule = MODES["local-sgd"].MergeRule(_View(), resolve_options("local-sgd", {"lr_scaling": scaling}))
+    assert rule.momentum == momentum and rule.merged_work(8) == 8 * (1 - momentum)
 
 
 def test_backoff_keeps_finite_copies_and_goes_back_to_the_older():

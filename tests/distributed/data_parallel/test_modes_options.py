@@ -18,7 +18,7 @@ def test_defaults_come_from_the_declarations():
     assert resolve_options("easgd", {"tau": 3}) == dict(SCALING, tau=3, moving_rate=None, overlap=None)
     assert resolve_options("gradient-only", {}) == dict(SCALING, factor=None, overlap=None, compress="none")
     assert resolve_options("sync", {}) == dict(SCALING, tau=1, backup=0, overlap=None, compress="none")
-    assert resolve_options("local-sgd", {}) == dict(SCALING, tau=8, outer_lr=1.0, outer_momentum=0.5, backup=0,
+    assert resolve_options("local-sgd", {}) == dict(SCALING, tau=8, outer_lr=1.0, outer_momentum=None, backup=0,
                                                     overlap=None, compress="none")
     for mode, module in MODES.items():                  # every mode runs with no options at all
         assert set(resolve_options(mode, {})) == {o.name for o in module.OPTIONS}

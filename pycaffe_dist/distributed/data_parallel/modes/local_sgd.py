@@ -17,23 +17,35 @@ v = -buf the two are the same update.
 deltas summed in slot order, one saxpy by a / n), so it gives `--mode sync --tau H` bit for bit (with the same
 --overlap: local-sgd waits at every barrier by default, DiLoCo's schedule, where sync overlaps).
 
-Defaults, for LeNet-scale jobs with small H: tau 8, a = 1, m = 0.5 (measured: Caffe's LeNet solver on
-Fashion-MNIST, the images of 2000 batches of 64, 2 cores, one run each; test accuracy):
-- m = 0.5: in a steady direction the outer step is a / (1 - m) = 2 times the mean delta. DiLoCo's a = 0.7, m = 0.9
-  (7 times, tuned for H = 500 on language models) reached 0.863 at 8 workers with tau 8, but diverged (NaN at
-  round 36) at tau 1, where it is the solver's momentum 0.9 applied twice over, and a = 1, m = 0.9 diverged at tau
-  8. a = 1, m = 0.5 converged everywhere tried: 8 workers 0.834 (tau 8), 0.852 (tau 1), 0.849 (tau 4 and 16);
-  2 workers 0.878; plain averaging (m = 0) 0.831, sync (tau 1) 0.825.
+Defaults, for LeNet-scale jobs with small H: tau 8, a = 1, m = 0.25 with the rate scaled for N workers and 0.5
+with `--lr-scaling none` (measured: Caffe's LeNet solver on Fashion-MNIST, the images of 2000 batches of 64, 2
+cores, one run each; test accuracy):
+- m = 0.5 at the solver's rate (`--lr-scaling none`, measured before the rate was scaled): in a steady direction
+  the outer step is a / (1 - m) = 2 times the mean delta. DiLoCo's a = 0.7, m = 0.9 (7 times, tuned for H = 500
+  on language models) reached 0.863 at 8 workers with tau 8, but diverged (NaN at round 36) at tau 1, where it is
+  the solver's momentum 0.9 applied twice over, and a = 1, m = 0.9 diverged at tau 8. a = 1, m = 0.5 converged
+  everywhere tried: 8 workers 0.834 (tau 8), 0.852 (tau 1), 0.849 (tau 4 and 16); 2 workers 0.878; plain
+  averaging (m = 0) 0.831, sync (tau 1) 0.825. With the rate scaled, m = 0.25 (below).
 - tau 8: one exchange per 8 local steps, so the exchange is a small part of a round (at 8 workers on 2 cores,
   ~10 % of a round against sync's 26-30 % at tau 1), with the accuracy of tau 4 to 16 within run-to-run noise
   here. A larger tau lets the workers drift further apart between averages and leaves a short job fewer rounds
   for the outer momentum to build up in (31 at 8 workers over 2000 batches).
 
 With the learning rate of N workers scaled (lr_scaling.py) the workers' rate is the solver's times N (1 - m) / a:
-the outer step's a / (1 - m) makes up the rest of N. Plain averaging with the full N instead (--outer-momentum 0)
-reached 0.85 at 1.44x one process's images at 8 workers, where the default ended at 0.842; but at 16 it backed
-off to 4 x and ended at 0.805, where the default (backed off to 4 x too, its outer momentum still at work) ended
-at 0.841-0.849. The default stays the one that holds at more workers.
+the outer step's a / (1 - m) makes up the rest of N. How much of N the outer step should carry was measured (one
+run each, two where a range is given; images to 0.85 over one process's, or the final accuracy where 0.85 was not
+reached):
+
+    m      2 workers   4      8               16              32
+    0      -           -      1.44            0.805 (backoff) -
+    0.25   1.00        1.17   1.50 (0.870)    2.67 (0.852)    0.775 (backoffs)
+    0.5    1.00        1.17   0.842-0.848     0.841-0.849     0.769-0.770 (backoffs)
+    0.75   -           -      0.791           0.750           -
+
+Plain averaging (m = 0) puts all of N on the workers' local steps, which pass LeNet's ceiling for a batch of 64
+at 16 workers; a larger m leaves the workers slower and counts on a steady direction that 8 noisy local steps do
+not give. m = 0.25 (the outer step 1.33 x the mean delta, the workers at 0.75 N) is the best of these everywhere
+measured, and the default at a scaled rate; at the solver's rate the default stays 0.5, as it was.
 
 The outer momentum v is the master solver's first history set (Caffe's momentum history), so a .solverstate
 snapshot holds it and `dist_caffe master --snapshot S.solverstate` goes on with it; it is saved to Redis with
@@ -47,11 +59,20 @@ from .base import COMPRESS, OVERLAP, SCALING, TAU, DeltaRoundRule, Option
 DEFAULT_TAU = 8
 OUTER_LR = Option("outer_lr", float, 1.0, "the outer optimizer's rate a: W += a (m v + mean delta)",
                   lambda value: None if value > 0 else "must be positive, got %s" % value)
-OUTER_MOMENTUM = Option("outer_momentum", float, 0.5, "the outer optimizer's Nesterov momentum m (0: plain "
-                        "averaging)", lambda value: None if 0 <= value < 1 else "must be in [0, 1), got %s" % value)
+OUTER_MOMENTUM = Option("outer_momentum", float, None, "the outer optimizer's Nesterov momentum m (0: plain "
+                        "averaging; default 0.25, or 0.5 with --lr-scaling none)",
+                        lambda value: None if 0 <= value < 1 else "must be in [0, 1), got %s" % value)
+SCALED_MOMENTUM, SOLVER_RATE_MOMENTUM = 0.25, 0.5      # the default m with the rate scaled for N workers, and not
 OPTIONS = (TAU, OUTER_LR, OUTER_MOMENTUM, sync.BACKUP, OVERLAP, COMPRESS) + SCALING
 DEFAULTS = {"tau": DEFAULT_TAU}
 RoundRule = DeltaRoundRule       # this mode's worker side
+
+
+def outer_momentum(options):
+    """m: --outer-momentum, else the default for the job's --lr-scaling (the module's docstring)."""
+    if options.get("outer_momentum") is not None:
+        return options["outer_momentum"]
+    return SOLVER_RATE_MOMENTUM if options.get("lr_scaling", "none") == "none" else SCALED_MOMENTUM
 
 
 class MergeRule(sync.MergeRule):
@@ -61,18 +82,18 @@ class MergeRule(sync.MergeRule):
 
     def __init__(self, view, options):
         super().__init__(view, options)
-        self.rate, self.momentum = options["outer_lr"], options["outer_momentum"]
+        self.rate, self.momentum = options["outer_lr"], outer_momentum(options)
 
     def start(self, workers):
         if self.momentum:
             velocity = self.view.history()
-            sync.log.info("Local SGD: outer momentum %s" % (
+            sync.log.info("Local SGD: outer momentum %s, m = %g" % (
                 "from the snapshot (|v| %.3g)" % max(float(np.abs(v).max()) for v in velocity)
-                if any(v.any() for v in velocity) else "starts at 0"))
+                if any(v.any() for v in velocity) else "starts at 0", self.momentum))
         return super().start(workers)
 
     def merged_work(self, workers):
-        # The outer step already multiplies a steady mean delta by a / (1 - m) (2 with the defaults): the rate makes
+        # The outer step already multiplies a steady mean delta by a / (1 - m) (1.33 by default): the rate makes
         # up the rest of N, so that a round of N workers' tau steps is worth N x tau of one process's steps.
         return max(1.0, workers * (1.0 - self.momentum) / self.rate)
 
