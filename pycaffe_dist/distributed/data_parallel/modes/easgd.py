@@ -18,9 +18,9 @@ as one process would, while the paper's symmetric pull alpha = 0.9 / N gets N ti
 0.056) the workers ran off and the rate backed off (Caffe's LeNet solver on Fashion-MNIST, the images of 2000
 batches: 0.843-0.849 at the end, 0.85 never reached), where a pull of a quarter reached 0.85 at 1.83-2.0x one
 process's images and ended at 0.860-0.865, with no backoff (8 workers: 1.5-1.67x; 32: 0.820-0.823, one backoff).
-A half pulled them back to a centre a round stale and ended at 0.832. The two rates stay stable together: with no gradient, the workers' mean
-distance to the centre goes as (1 - pull - N alpha) a round, inside (-1, 1) for pull + N alpha < 2, and their
-distances to each other shrink by (1 - pull). At 2 workers alpha (0.45) is the larger and the pull is alpha, the
+A half pulled them back to a centre a round stale and ended at 0.832. The two rates stay stable together: with no
+gradient, the workers' mean distance to the centre goes as (1 - pull - N alpha) a round, inside (-1, 1) for
+pull + N alpha < 2, and their distances to each other shrink by (1 - pull). At 2 workers alpha (0.45) is the larger and the pull is alpha, the
 paper's; `--moving-rate` given, or `--lr-scaling none`, keeps the paper's symmetric pull (SpeeDO's, bit for bit)."""
 from .base import OVERLAP, SCALING, TAU, Merge, Option, Reply, Rule
 
