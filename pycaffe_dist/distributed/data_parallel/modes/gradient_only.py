@@ -15,13 +15,24 @@ one update staler, and the accuracy pays for it: 0.849 against 0.831 after 1000 
 
 The learning rate (lr_scaling.py): the master's update runs at the solver's rate times the typical staleness,
 over the gradient's own staleness, so that a typical gradient counts as one step. This is the mode that gains
-least from it. A gradient applied s updates after the W it was computed on is a delayed gradient step, and the
-stable rate of delayed steps falls as 1/s; the solver's momentum adds to the momentum that the delay already
-acts as. The scaled rate meets that bound and backs off, to 1.3-5 x at 8 and 16 workers on LeNet. The images of
-2000 batches then give 0.83 at 8 workers (0.831 with --lr-scaling none, 0.835 sqrt, 0.836 with --lars 0.02) and
-0.80 at 16 (0.792, 0.801). Lowering the master's momentum by what the delay adds (Mitliagkas et al. 2016: m' = 1
-- (1 - m) x the scale, the rate raised to keep a steady gradient's step) did not keep it stable either: 0.829 at
-8 and 0.806 at 16. Choose sync, async or local-sgd to make N workers' images count."""
+least from it, and by the arithmetic of delayed steps it cannot gain what the other modes do. A gradient applied
+D updates after the W it was computed on (D about N - 1 at N workers: --stats mean_staleness 7.3 at 8) is a
+delayed step. On a quadratic of curvature lambda the delayed heavy ball's largest stable steady step, rate / (1 -
+momentum), is 2 (1 + m) / ((1 - m) lambda) with no delay (38 / lambda at the solver's m = 0.9), 1 / lambda one
+update late and about 1.5 / (D lambda) past that, whatever the momentum. bench/delayed_gradients.py measures it
+without any distribution: one process on the same images, every gradient D updates late (D + 1 workers taking
+turns, exactly). At D = 7 the solver's momentum 0.9 diverged at a quarter of the rate and ended at 0.813 at a
+tenth; the best found, momentum 0 at 3 x (a steady step 0.3 of one process's), ended at 0.844 and never reached
+0.85 in the images of 2000 batches, 2.6 x the 49,152 one process needs; 5 x diverged. At D = 15 a steady step
+of 0.15 diverged. So 8 workers' gradients cannot reach 0.85 within 1.5 x one process's images, nor 16 within 2 x:
+each may move W only a fraction of what a fresh one may. The scaled rate meets that bound and backs off (to
+1.1-1.7 x at 8 and 16 workers on LeNet; at 16 it may back off below the solver's rate, lr_scaling.Backoff), and
+the images of 2000 batches give 0.84 at 8 workers (0.816 with --lr-scaling none) and 0.78-0.81 at 16 (0.792).
+Lowering the master's momentum by what the delay adds (Mitliagkas et al. 2016: m' = 1 - (1 - m) x the scale, the
+rate raised to keep a steady gradient's step) did not keep it stable either (0.829 at 8, 0.806 at 16), nor did
+taking the mean of the next N gradients per update (K-async, Dutta et al. 2018: 0.803-0.834 at 8). The modes
+whose workers push deltas of their own solver steps (sync, async, local-sgd) keep each worker's momentum on fresh
+gradients of its own path, and only the merge is late: choose one of them to make N workers' images count."""
 from .base import COMPRESS, FACTOR, OVERLAP, SCALING, Merge, Reply, StalenessAwareRule
 
 OPTIONS = (FACTOR, OVERLAP, COMPRESS) + SCALING
