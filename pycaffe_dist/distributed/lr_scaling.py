@@ -144,15 +144,10 @@ class Backoff:
     x 64 images: NaN within 15 merges of the full rate). The master keeps two copies of W, taken every `every`
     merges where W is finite; when a result or W turns NaN or Inf while the rate is scaled above the solver's,
     W goes back to the older copy, the ceiling becomes half the scale that diverged, and every worker starts
-    again from W with its momentum cleared. At the solver's own rate a NaN still stops the job (the NaN guard),
-    unless the rate came down to it by backing off: then the ceiling goes on halving below the solver's rate, to
-    FLOOR at the least. Delayed steps need that (gradient-only's stale gradients at 16 workers diverged at the
-    solver's own rate in one run of six: the stable rate of a step applied s merges late falls as 1/s,
-    bench/delayed_gradients.py), and a job that has backed off has already shown that its rate was too high."""
+    again from W with its momentum cleared. At the solver's own rate a NaN still stops the job (the NaN guard)."""
     COPIES = 2
     LOSS_RISE = 2.0         # a window of merges whose workers' mean loss is this many times the first window's
     WINDOW = 10             # merges whose losses are averaged: one batch's loss alone varies 2x and more
-    FLOOR = 0.125           # the least ceiling: three halvings below the solver's rate
 
     def __init__(self, max_iter):
         self.every = max(2, int(max_iter) // 20)
@@ -162,18 +157,14 @@ class Backoff:
         self.recent = deque(maxlen=self.WINDOW)
         self.first_loss = None             # the mean loss of the job's first WINDOW merges
 
-    def watching(self, scale):
-        """Whether the rate is the backoff's business: scaled above the solver's, or brought down by a backoff."""
-        return scale > 1.0 or self.count > 0
-
     def check_loss(self, loss, scale):
         """Divergence shows in the workers' loss before it reaches W as NaN (Caffe's loss climbs to 87.3, the
-        log of FLT_MIN, first): at a scaled rate (or one a backoff brought down: watching), a merge whose loss is
-        not finite, or after which the mean loss of the last WINDOW merges is LOSS_RISE times the first WINDOW's,
-        raises DivergedError, so that the rate backs off from a W that is still good. At the solver's own rate,
-        never backed off, nothing is checked here (the job trains on, as before; NaN in W still stops it)."""
+        log of FLT_MIN, first): at a scaled rate, a merge whose loss is not finite, or after which the mean loss
+        of the last WINDOW merges is LOSS_RISE times the first WINDOW's, raises DivergedError, so that the rate
+        backs off from a W that is still good. At the solver's own rate nothing is checked here (the job trains
+        on, as before; NaN in W still stops it)."""
         if not math.isfinite(loss):
-            if self.watching(scale):
+            if scale > 1.0:
                 raise DivergedError("the workers' loss is %s" % loss)
             return
         self.recent.append(loss)
@@ -183,7 +174,7 @@ class Backoff:
         if self.first_loss is None:
             self.first_loss = mean
             return
-        if self.watching(scale) and mean > self.LOSS_RISE * self.first_loss:
+        if scale > 1.0 and mean > self.LOSS_RISE * self.first_loss:
             raise DivergedError("the workers' loss rose to %.4g over the last %d merges (%.4g over the first)"
                                 % (mean, self.WINDOW, self.first_loss))
 
@@ -205,11 +196,10 @@ class Backoff:
 
     def back_off(self, scale):
         """The rate diverged at `scale`: (the merge count of the W to go back to, its arrays), with the ceiling
-        halved (to the solver's rate at the least, from above it; to FLOOR below it); None where there is nothing
-        to go back to, the rate is not the backoff's business (watching) or it is at the floor."""
-        if not self.watching(scale) or not self.copies or scale <= self.FLOOR:
+        halved; None where there is nothing to go back to or the rate is not scaled."""
+        if scale <= 1.0 or not self.copies:
             return None
-        self.ceiling = max(1.0, scale / 2) if scale > 1.0 else max(self.FLOOR, scale / 2)
+        self.ceiling = max(1.0, scale / 2)
         self.count += 1
         self.recent.clear()                # a new window of losses from the W it goes back to
         return self.copies[0]

@@ -182,7 +182,7 @@ class AllreduceWorker(JobProcess):
     def _after_update(self, solver):
         self.stats["iterations"] += 1
         self.last_loss = float(solver.smoothed_loss)
-        if self.backoff.watching(solver.rate_scale) and self.backoff.due(solver.iter):   # copies to back off to
+        if solver.rate_scale > 1 and self.backoff.due(solver.iter):     # copies to back off to, at a scaled rate
             self.backoff.keep(self._weights(), solver.iter)
         if self.keeper is None:
             return
@@ -243,9 +243,8 @@ class AllreduceWorker(JobProcess):
         return True
 
     def _back_off(self, exc):
-        """The rate diverged above the solver's (or at one a backoff brought down): every worker back to the
-        backoff's copy of W, its momentum cleared, at half the scale (False where there is nothing to go back to:
-        the job stops)."""
+        """The rate diverged above the solver's: every worker back to the backoff's copy of W, its momentum cleared,
+        at half the scale (False where there is nothing to go back to: the job stops)."""
         solver = self.solver
         good = self.backoff.back_off(solver.rate_scale)
         if good is None:

@@ -325,7 +325,7 @@ class Master(Coordinator):
             self._save_history()
         self.backoff.check_loss(loss, scale)
         self.count += 1
-        if self.backoff.watching(scale) and self.backoff.due(self.count):     # copies to back off to
+        if scale > 1 and self.backoff.due(self.count):     # copies to back off to, at a scaled rate
             self._settle()                      # (gossip: W is the workers' mean only once settled)
             self._keep_copy()
         self.merged_since_display += 1

@@ -26,8 +26,8 @@ tenth; the best found, momentum 0 at 3 x (a steady step 0.3 of one process's), e
 0.85 in the images of 2000 batches, 2.6 x the 49,152 one process needs; 5 x diverged. At D = 15 a steady step
 of 0.15 diverged. So 8 workers' gradients cannot reach 0.85 within 1.5 x one process's images, nor 16 within 2 x:
 each may move W only a fraction of what a fresh one may. The scaled rate meets that bound and backs off (to
-1.1-1.7 x at 8 and 16 workers on LeNet; at 16 it may back off below the solver's rate, lr_scaling.Backoff), and
-the images of 2000 batches give 0.84 at 8 workers (0.816 with --lr-scaling none) and 0.78-0.81 at 16 (0.792).
+1.1-1.7 x at 8 and 16 workers on LeNet, the solver's own at the least), and the images of 2000 batches give 0.84
+at 8 workers (0.816 with --lr-scaling none) and 0.78-0.81 at 16 (0.792).
 Lowering the master's momentum by what the delay adds (Mitliagkas et al. 2016: m' = 1 - (1 - m) x the scale, the
 rate raised to keep a steady gradient's step) did not keep it stable either (0.829 at 8, 0.806 at 16), nor did
 taking the mean of the next N gradients per update (K-async, Dutta et al. 2018: 0.803-0.834 at 8). The modes
