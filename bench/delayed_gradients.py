@@ -23,7 +23,6 @@ are the ones docs/distributed-lr.md and modes/gradient_only.py quote (11 with th
 import argparse
 import os
 import pathlib
-import re
 import sys
 import time
 
@@ -77,24 +76,22 @@ class Delayed:
     """Caffe's loop, but the gradient of each batch computed on the weights of `delay` updates before."""
 
     def __init__(self, args, delay, momentum, rate):
+        from pycaffe_dist.io.load import read_solver
         from pycaffe_dist.pycaffe import Solver
         self.delay, self.rate = delay, rate
         name = "d%d_m%s_r%s" % (delay, momentum, rate)
         run = {"max_iter": args.batches, "every": args.every, "dir": scaling.REPO / args.out / name}
-        path = scaling.write_solver(run)
-        text = path.read_text()
-        if not re.search(r"momentum: [0-9.e-]+", text):
-            raise SystemExit("bench: %s has no momentum to set" % scaling.SOLVER)
-        path.write_text(re.sub(r"momentum: [0-9.e-]+", "momentum: %r" % momentum, text))
-        self.solver = Solver(str(path))
+        param = read_solver(str(scaling.write_solver(run)))
+        param.momentum = momentum
+        self.solver = Solver(param)
         self.params = self.solver.net.learnable_params
 
     def weights(self):
-        return [np.array(blob.data) for blob in self.params]
+        """A copy of the weights (the Solver's are read and written in place)."""
+        return [np.array(w) for w in self.solver.weights]
 
     def set_weights(self, arrays):
-        for blob, array in zip(self.params, arrays):
-            blob.data[...] = array
+        self.solver.set_weights(arrays)
 
     def train(self, batches, every, test):
         """[(images, accuracy)] at every test, and the update at which W stopped being finite (None)."""
