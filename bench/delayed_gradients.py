@@ -31,6 +31,7 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import scaling  # noqa: E402  (the bench's solver, data and test net)
+from pycaffe_dist.distributed.lr_scaling import delayed_step_bound  # noqa: E402
 
 DEFAULT_RUNS = "0:0:2,1:0.9:1,3:0:4,7:0.9:0.1,7:0.9:0.25,7:0.5:1,7:0:3,7:0:5,15:0:0.75,15:0:1.5"
 
@@ -49,27 +50,6 @@ def parse_runs(text):
                              "RATE > 0" % entry)
         runs.append((delay, momentum, rate))
     return runs
-
-
-def stable(a, momentum, delay):
-    """Whether the delayed heavy ball on a quadratic (the docstring's recurrence) converges for a = rate x lambda."""
-    if delay == 0:                         # z^2 - (1 + M - a) z + M
-        poly = [1.0, -(1.0 + momentum - a), momentum]
-    else:
-        poly = np.zeros(delay + 2)
-        poly[0], poly[1] = 1.0, -(1.0 + momentum)
-        poly[2] += momentum
-        poly[-1] += a
-    return float(np.max(np.abs(np.roots(poly)))) < 1.0
-
-
-def steady_step_bound(momentum, delay):
-    """The largest stable a / (1 - M) of the delayed heavy ball, by bisection on a (stability is an interval)."""
-    low, high = 0.0, 2.0 * (1.0 + momentum)
-    for _ in range(60):
-        middle = (low + high) / 2.0
-        low, high = (middle, high) if stable(middle, momentum, delay) else (low, middle)
-    return low / (1.0 - momentum)
 
 
 class Delayed:
@@ -165,7 +145,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for delay, momentum, rate, reached, final, diverged in results:
         step = rate * (1 - solver_momentum) / (1 - momentum)
-        bound = steady_step_bound(momentum, delay)
+        bound = delayed_step_bound(momentum, delay)
         ratio = "-" if reached is None or not ref_images else "%.2f" % (reached / ref_images)
         end = "diverged (update %d)" % diverged if diverged else ("%.3f" % final if final is not None else "-")
         print("| %d | %.3g | %.3g | %.2f | %.3g | %s | %s | %s |" % (delay, momentum, rate, step, bound,

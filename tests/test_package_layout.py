@@ -330,7 +330,7 @@ def test_the_rule_view_is_true_to_the_master_and_rules_only_read_it():
     from pycaffe_dist.distributed.data_parallel.master import Master
     from pycaffe_dist.distributed.data_parallel.modes.base import RuleView
     members = {name for name, value in vars(RuleView).items() if callable(value) and not name.startswith("_")}
-    assert members == {"slot", "typical_staleness", "history"}
+    assert members == {"slot", "typical_staleness", "momentum", "history"}
     for name in members:
         view = inspect.signature(getattr(RuleView, name))
         real = inspect.signature(getattr(Master, name))

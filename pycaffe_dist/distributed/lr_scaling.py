@@ -13,10 +13,14 @@ What k is comes from how each mode merges (Rule.merged_work in modes/base.py, ov
 - sync, gossip, easgd: k = N, the live workers (counted at each reply, so the rate follows workers that join and
   leave). In sync a merge is N batches; gossip and EASGD average N workers, whose mean moves as one step of N
   batches.
-- async, partial-sync, weed-out, gradient-only merge each result at 1/its staleness (or 1/--factor): k is the
-  typical staleness of the recent results (or the factor), so that a result of typical staleness counts as one
-  process's step and a staler one as less. The staleness is about N, more where workers share cores or overlap
-  their exchange (13.5 at 8 workers on 2 cores, where k = N left each result worth 0.6 of a step).
+- async, partial-sync, weed-out merge each result at 1/its staleness (or 1/--factor): k is the typical staleness
+  of the recent results (or the factor), so that a result of typical staleness counts as one process's step and a
+  staler one as less. The staleness is about N, more where workers share cores or overlap their exchange (13.5
+  at 8 workers on 2 cores, where k = N left each result worth 0.6 of a step).
+- gradient-only merges gradients, not deltas of a worker's own steps, at that 1/staleness too, but a gradient
+  computed D updates before it is applied may move W only so far (delayed_step_bound): k is the typical
+  staleness s times that bound, s x bound(m, s - 1), at most s: 2 at 2 workers, 1.26-1.34 from 8 to 32 at the
+  solver's momentum 0.9 (modes/gradient_only.py).
 - local-sgd: k = N (1 - m) / a for the outer rate a and momentum m: DiLoCo's outer Nesterov step already
   multiplies a steady mean delta by a / (1 - m) (1.33 with the defaults at a scaled rate).
 
@@ -34,6 +38,7 @@ it the rate backed off (to 9.8 x in bench/scaling.py's run) and ended at 0.830.
 the solver's rate: Caffe's multi-GPU training and SpeeDO, where N workers' results add up to one process's step.
 Past a net's critical batch (McCandlish et al. 2018) a larger merge no longer buys fewer images: CRITICAL_IMAGES
 says where that lies for LeNet on Fashion-MNIST (bench/scaling.py --images) and a job past it says so once."""
+import functools
 import logging
 import math
 from collections import deque
@@ -87,6 +92,41 @@ def scale(policy, work, merges, step_merges):
 def warmup_step(options, max_iter):
     """The merges over which the rate climbs by one solver's rate (lr_warmup of max_iter)."""
     return options.get("lr_warmup", WARMUP_SHARE) * max_iter
+
+
+def stable(a, momentum, delay):
+    """Whether the delayed heavy ball converges on a quadratic f = lambda x^2 / 2, for a = rate x lambda: the
+    iteration x' = x + M (x - x_prev) - a x_(t - delay) is stable only while every root of
+    z^(D+1) - (1 + M) z^D + M z^(D-1) + a lies inside the unit circle."""
+    if delay == 0:                         # z^2 - (1 + M - a) z + M
+        poly = [1.0, -(1.0 + momentum - a), momentum]
+    else:
+        poly = np.zeros(delay + 2)
+        poly[0], poly[1] = 1.0, -(1.0 + momentum)
+        poly[2] += momentum
+        poly[-1] += a
+    return float(np.max(np.abs(np.roots(poly)))) < 1.0
+
+
+@functools.lru_cache(maxsize=512)
+def delayed_step_bound(momentum, delay):
+    """The largest stable steady step a / (1 - M) of the delayed heavy ball (stable(), by bisection on a:
+    stability is an interval), in units of 1 / lambda: 2 (1 + M) / (1 - M) with no delay (38 at M = 0.9), 1 at
+    one update late whatever M, then about 1.5 / delay (1.1-1.3 / delay at M = 0.9). A delay caps the step a
+    gradient may take, and a lower momentum does not lift the cap (bench/delayed_gradients.py measures it on
+    LeNet, where the solver's own steady step sits near 1 / lambda: 0.1 of it stable 7 updates late, 0.25
+    not)."""
+    low, high = 0.0, 2.0 * (1.0 + momentum)
+    for _ in range(60):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if stable(middle, momentum, delay) else (low, middle)
+    return low / (1.0 - momentum)
+
+
+def heavy_ball_momentum(param):
+    """The momentum of the solver's update rule as a heavy ball: SGD's and Nesterov's; 0 for the adaptive rules,
+    whose step does not build up over a steady gradient as 1 / (1 - M)."""
+    return float(param.momentum) if param.type in ("SGD", "Nesterov") else 0.0
 
 
 def all_finite(arrays):

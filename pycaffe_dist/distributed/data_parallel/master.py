@@ -347,6 +347,9 @@ class Master(Coordinator):
     def typical_staleness(self):
         return self.staleness.recent
 
+    def momentum(self):
+        return lr_scaling.heavy_ball_momentum(self.param)
+
     # --- the loop ------------------------------------------------------------------------------------------------
 
     def publish(self):

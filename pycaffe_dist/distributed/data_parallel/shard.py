@@ -29,6 +29,7 @@ import numpy as np
 from ...errors import PycaffeDistError, StoreError
 from ...solver import updates
 from .. import job as jobs
+from .. import lr_scaling
 from .. import wire
 from ..job_process import POLL_S, JobProcess
 from ..redis_client import local_address
@@ -93,6 +94,9 @@ class Shard(JobProcess):
 
     def typical_staleness(self):
         return None             # (the rate's scale is the master's: it comes with each merge)
+
+    def momentum(self):
+        return lr_scaling.heavy_ball_momentum(self.param)
 
     def history(self):
         raise PycaffeDistError("mode %s keeps no central W: it has no shards" % self.mode)

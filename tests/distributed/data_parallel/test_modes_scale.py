@@ -76,22 +76,14 @@ def test_8_workers_reach_085_on_about_one_process_images(mode, one_process_image
 
 
 # The least final accuracy at 16 workers: 0.80 (the issue's), but gradient-only's delayed steps leave it at
-# 0.78-0.81 whatever the rate (linear 0.776-0.809 over eight runs; sqrt 0.801; none 0.792, 0.798 measured on 2
-# cores): a gradient applied 15 updates late may move W only a fraction of what a fresh one may
+# 0.78-0.81 whatever the rate (0.783-0.808 over five runs with the rate its delay allows; none 0.792, 0.798 measured
+# on 2 cores): a gradient applied 15 updates late may move W only a fraction of what a fresh one may
 # (bench/delayed_gradients.py; modes/gradient_only.py). It misses the issue's bound, and is held to 0.75 here so
 # that the test still catches a broken gradient-only (0.10, NaN) without failing on its spread.
 LEAST_AT_16 = {"gradient-only": 0.75}
 
 
-# Open (the time-to-accuracy issue): gradient-only's 16 workers' stale gradients can diverge even after the backoff
-# has brought the rate down to the solver's own, which is as low as it goes: NaN at merge 567 of 2000 in about one
-# run of six (a CI run and a run of tests/distributed here).
-DIVERGES_AT_16 = pytest.mark.xfail(strict=False, reason="open: gradient-only at 16 workers diverges at the solver's "
-                                   "own rate in about 1 run of 6")
-
-
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=DIVERGES_AT_16) if m == "gradient-only" else m
-                                  for m in MODES])
+@pytest.mark.parametrize("mode", MODES)
 def test_every_mode_trains_at_16_workers_with_no_options(mode, lenet_solver, tmp_path):
     """The images of 2000 batches (125 rounds of 16 in sync and gossip, 15 rounds of 16 x 8 steps in local-sgd):
     a finite loss and at least 0.80, whatever the scaled rate met on the way (a rate past the net's ceiling backs
@@ -100,6 +92,17 @@ def test_every_mode_trains_at_16_workers_with_no_options(mode, lenet_solver, tmp
     final = stats["tests"][-1]["scores"]
     assert math.isfinite(final["loss"]) and final["accuracy"] >= LEAST_AT_16.get(mode, 0.80), \
         (final, stats.get("lr_backoffs"))
+
+
+def test_gradient_only_trains_at_32_workers_with_no_options(lenet_solver, tmp_path):
+    """32 workers' gradients, applied about 26 updates late on 2 cores: with the rate scaled as async's (k = the
+    typical staleness) the climb passed what the delay allows and the job ended in NaN in 3 runs of 3, at the
+    solver's rate after three backoffs; scaled by what the delay allows (1.3 x, lr_scaling.delayed_step_bound) it
+    ends finite, near --lr-scaling none's 0.75 (0.743-0.786 in five runs, none backing off)."""
+    stats, _ = run_mode(lenet_solver, tmp_path, "gradient-only", 32)
+    final = stats["tests"][-1]["scores"]
+    assert math.isfinite(final["loss"]) and final["accuracy"] >= 0.70, (final, stats.get("lr_backoffs"))
+    assert 1.0 < stats["lr_scale"] < 1.5, stats["lr_scale"]
 
 
 def test_gossip_trains_lenet_at_4_workers(lenet_solver, tmp_path):

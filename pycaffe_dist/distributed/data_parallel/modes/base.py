@@ -22,7 +22,7 @@ Each mode module says:
   MergeRule:    the master side: a Rule (below) whose events, start(workers), on_join(w), on_result(result),
                 on_lost(w), return what the master is to do (Merge, Reply, Drop, Average, Forget), as DDP's
                 communication hooks return a result and never call back into DDP; it reads the master only
-                through a RuleView of three queries; merged_work(workers), what one of its merges is worth in
+                through a RuleView of four queries; merged_work(workers), what one of its merges is worth in
                 one process's steps (the linear scaling rule's k: lr_scaling.py), where Rule's does not fit the
                 mode
 """
@@ -84,6 +84,9 @@ class RuleView(Protocol):
     def slot(self, worker): ...                          # the worker's data slot (a fixed order of the workers)
 
     def typical_staleness(self): ...                     # the recent results' staleness, averaged (None: none yet)
+
+    def momentum(self): ...                              # the solver's momentum as a heavy ball's (SGD, Nesterov;
+    #                                                      0 for the adaptive rules): lr_scaling.heavy_ball_momentum
 
     def history(self): ...                               # the solver's first history set (momentum) as arrays,
     #                                                      in place: a .solverstate snapshot holds it (local-sgd's
