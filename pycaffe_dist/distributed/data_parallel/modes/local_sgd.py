@@ -47,6 +47,15 @@ at 16 workers; a larger m leaves the workers slower and counts on a steady direc
 not give. m = 0.25 (the outer step 1.33 x the mean delta, the workers at 0.75 N) is the best of these everywhere
 measured, and the default at a scaled rate; at the solver's rate the default stays 0.5, as it was.
 
+What caps local SGD at 16 workers is its local steps, not the merge. Each worker steps on its own batch at k times
+the solver's rate, and a round moves the workers' mean as tau steps at that rate over N x tau batches: the images
+to an accuracy are about N / k times one process's (8 workers at k = 6: 1.50 x measured; 16 at 6: 2.67 x). On a
+batch of 64, LeNet's steps diverge past about 7.5 x whatever N (16 workers, k forced, one run each: 7.2 x held with
+no backoff and reached 0.85 at 2.33 x; 8 x and 9 x diverged at round 4 or 5 in three runs of three; the default
+12 x at round 4, and the backoff halves it to 6 x; tau 2 and 4 too). Below 8 x, 16 / k is more than 2, so 16 workers
+cannot reach 0.85 within 2 x one process's images here; --lars 0.02 --outer-momentum 0 holds 16 x layer by layer
+and gets 2.17 x.
+
 The outer momentum v is the master solver's first history set (Caffe's momentum history), so a .solverstate
 snapshot holds it and `dist_caffe master --snapshot S.solverstate` goes on with it; it is saved to Redis with
 each snapshot, and `--resume` takes it from there (the last snapshot's v, or 0 when there was none: logged)."""
