@@ -189,7 +189,7 @@ def takes_servers(mode):
 
 def takes_scaling(mode):
     from pycaffe_dist.distributed.data_parallel.modes import MODES as DECLARED
-    return mode in DECLARED        # the data-parallel modes; not sandblaster or the pipeline
+    return mode in DECLARED or mode == "allreduce"      # not sandblaster or the pipeline
 
 
 def series(run):
@@ -792,7 +792,8 @@ def main():
     ap.add_argument("--compress", help="comma list of --compress codecs (none, 1bit, topk:FRACTION): a run of "
                     "each mode that takes --compress per codec")
     ap.add_argument("--lr-scaling", default="linear", help="comma list of --lr-scaling policies (linear, sqrt, none): "
-                    "each data-parallel mode runs once per policy, a row each (default: linear, the default)")
+                    "each data-parallel mode and all-reduce runs once per policy, a row each (default: linear, the "
+                    "default)")
     ap.add_argument("--images", action="store_true", help="measure images to --target only: every N of --workers "
                     "runs, beyond the cores too (images to accuracy do not depend on them; times then do not scale)")
     ap.add_argument("--threads", type=int, default=1, help="threads of each worker and DDP rank (default 1)")
